@@ -1,0 +1,56 @@
+"""Shared fixtures: a tiny GPT configuration, a small corpus and fresh samplers over it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import TokenData, load_corpus
+
+# Tests use tiny tensors, where intra-op threads only add synchronisation; with pytest-xdist's
+# workers sharing a couple of busy cores, OpenMP spin-waiting made CPU steps ~20x slower.
+torch.set_num_threads(1)
+
+# Small enough that a CPU step takes milliseconds; block 29 and width 36 (3 heads of 12) are not
+# powers of two, so a shape mix-up cannot hide behind a coincidence.
+TINY = GPTConfig(vocab_size=256, block_size=29, n_layer=2, n_head=3, n_embd=36)
+
+
+@pytest.fixture(scope="session")
+def corpus() -> bytes:
+    """200 KB of the standard library's sources (the default corpus, truncated)."""
+    return load_corpus(max_bytes=200_000)
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg() -> GPTConfig:
+    return TINY
+
+
+@pytest.fixture(scope="session")
+def data_factory(corpus: bytes) -> Callable[..., TokenData]:
+    """``data_factory(seed=0, block_size=29)``: a fresh sampler (its own RNG) over the corpus."""
+    tokens = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)
+    n_val = len(tokens) // 10
+
+    def make(seed: int = 0, block_size: int = TINY.block_size) -> TokenData:
+        return TokenData(tokens[:-n_val], tokens[-n_val:], block_size=block_size, seed=seed)
+
+    return make
+
+
+@pytest.fixture
+def tiny_data(data_factory: Callable[..., TokenData]) -> TokenData:
+    return data_factory()
+
+
+@pytest.fixture
+def text_file(tmp_path: Path, corpus: bytes) -> Path:
+    """A ~50 KB text file for the CLI's ``--data``."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(corpus[:50_000])
+    return path

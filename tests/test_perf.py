@@ -1,0 +1,216 @@
+"""Tests for tutorial_lib.perf: honest timing, throughput and MFU, memory, profiler tables."""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tutorial_lib.hardware import SPECS
+from tutorial_lib.perf import (
+    OpStat,
+    benchmark,
+    format_mfu,
+    format_op_table,
+    mfu,
+    peak_memory_bytes,
+    profile_top_ops,
+    reset_peak_memory,
+    tokens_per_second,
+)
+from tutorial_lib.perf import timing as timing_mod
+
+# ---- benchmark -----------------------------------------------------------------------------
+
+
+def test_benchmark_counts_calls_and_summarises() -> None:
+    calls = []
+    result = benchmark(lambda: calls.append(1), warmup=2, iters=7, device="cpu")
+    assert len(calls) == 2 + 7  # warm-up calls run but are not timed
+    assert result.iters == len(result.times) == 7 and result.warmup == 2
+    assert result.device == "cpu"
+    assert result.min <= result.median <= result.max
+    assert result.median == sorted(result.times)[3]
+    assert all(t >= 0 for t in result.times)
+    assert "7 runs on cpu" in str(result)
+
+
+def test_benchmark_measures_a_known_sleep() -> None:
+    result = benchmark(lambda: time.sleep(0.01), warmup=1, iters=5, device="cpu")
+    assert 0.009 <= result.median <= 0.05
+    assert result.min >= 0.009  # sleep never returns early
+
+
+@pytest.mark.parametrize(("warmup", "iters"), [(0, 0), (3, -1), (-1, 5)])
+def test_benchmark_rejects_bad_counts(warmup: int, iters: int) -> None:
+    with pytest.raises(ValueError, match="iters"):
+        benchmark(lambda: None, warmup=warmup, iters=iters, device="cpu")
+
+
+class FakeStream:
+    """A simulated asynchronous device: ``launch`` queues work and returns at once, like a CUDA
+    kernel launch; a worker thread runs the queue in order; ``synchronize`` waits for it."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue[float | None] = queue.Queue()
+        self.worker = threading.Thread(target=self._run, daemon=True)
+        self.worker.start()
+
+    def _run(self) -> None:
+        while (seconds := self.jobs.get()) is not None:
+            time.sleep(seconds)
+            self.jobs.task_done()
+
+    def launch(self, seconds: float) -> None:
+        self.jobs.put(seconds)
+
+    def synchronize(self, device: object = None) -> None:
+        self.jobs.join()
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.worker.join(timeout=5)
+
+
+@pytest.fixture
+def stream() -> Iterator[FakeStream]:
+    s = FakeStream()
+    yield s
+    s.synchronize()
+    s.close()
+
+
+def test_fake_stream_is_asynchronous(stream: FakeStream) -> None:
+    """The control: timing a launch without synchronising sees (almost) none of the work."""
+    t0 = time.perf_counter()
+    stream.launch(0.05)
+    assert time.perf_counter() - t0 < 0.01
+    stream.synchronize()
+    assert time.perf_counter() - t0 >= 0.05
+
+
+def test_benchmark_waits_for_asynchronous_work(
+    stream: FakeStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(timing_mod, "synchronize", stream.synchronize)
+    work = 0.02
+    result = benchmark(lambda: stream.launch(work), warmup=4, iters=5, device="cpu")
+    # Each timed call includes its own work, because benchmark synchronises inside the timing...
+    assert result.min >= 0.95 * work
+    # ...and none of the warm-up's queued work (4 x 20 ms), because it synchronises after it.
+    assert result.max < 3 * work
+
+
+# ---- throughput and MFU --------------------------------------------------------------------
+
+
+def test_tokens_per_second() -> None:
+    assert tokens_per_second(4096, 0.5) == 8192.0
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="seconds"):
+            tokens_per_second(10, bad)
+
+
+def test_mfu_unknown_device_or_dtype_is_none() -> None:
+    assert mfu(1e6, 1e9, None, "bf16") is None
+    assert mfu(1e6, 1e9, SPECS["A100"], "fp8") is None  # A100 has no FP8 tensor cores
+
+
+def test_mfu_h100_bf16_against_datasheet() -> None:
+    # 300k tokens/s of a model at 1.2 GFLOP/token (fwd + bwd) on an H100 SXM: 360 TFLOP/s of
+    # the datasheet's 989.5 dense BF16 TFLOP/s.
+    value = mfu(300_000, 1.2e9, SPECS["H100 SXM"], "bf16")
+    assert value == pytest.approx(360e12 / 989.5e12)
+    assert mfu(300_000, 1.2e9, SPECS["H100 SXM"], "fp8") == pytest.approx(360e12 / 1979e12)
+
+
+@settings(max_examples=50, deadline=None)
+@given(flops_per_token=st.floats(1e3, 1e13), fraction=st.floats(0.0, 0.99))
+def test_mfu_below_one_at_table_peak(flops_per_token: float, fraction: float) -> None:
+    for spec in SPECS.values():
+        for dtype, peak in spec.peak_flops.items():
+            tps = peak / flops_per_token * fraction
+            value = mfu(tps, flops_per_token, spec, dtype)
+            assert value is not None and 0 <= value < 1
+            assert value == pytest.approx(fraction, abs=1e-12)
+
+
+def test_format_mfu() -> None:
+    assert format_mfu(0.4567) == "45.7%"
+    assert format_mfu(1.0) == "100.0%"
+    assert "n/a" in format_mfu(None)
+
+
+# ---- memory --------------------------------------------------------------------------------
+
+
+def _current_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_peak_memory_cpu_grows_with_a_big_allocation() -> None:
+    reset_peak_memory("cpu")  # a no-op on the CPU, but must not raise
+    before = peak_memory_bytes("cpu")
+    assert before > 0
+    assert before >= _current_rss_bytes() * 0.9  # a peak is at least the current usage
+    # The peak only grows once usage passes it: allocate past the old peak by >= 200 MB.
+    size = max(300 * 2**20, before - _current_rss_bytes() + 200 * 2**20)
+    if size > 4 * 2**30:
+        pytest.skip("this process's earlier peak is too far above its current usage")
+    big = torch.ones(size // 4, dtype=torch.float32)  # ones: every page is touched
+    after = peak_memory_bytes("cpu")
+    del big
+    assert after >= before + 150 * 2**20
+    assert peak_memory_bytes(torch.device("cpu")) >= after  # monotone
+
+
+# ---- profiler ------------------------------------------------------------------------------
+
+
+def _matmul_workload() -> Callable[[], torch.Tensor]:
+    a = torch.randn(192, 160)
+    b = torch.randn(160, 224)
+    return lambda: torch.relu(a @ b).sum()
+
+
+def test_profile_top_ops_on_a_matmul() -> None:
+    stats = profile_top_ops(_matmul_workload(), top=5, warmup=1, device="cpu")
+    assert 1 <= len(stats) <= 5
+    assert all(isinstance(s, OpStat) for s in stats)
+    times = [s.self_time_s for s in stats]
+    assert times == sorted(times, reverse=True)
+    assert all(0 < s.share <= 1 and s.calls >= 1 and s.self_time_s > 0 for s in stats)
+    assert sum(s.share for s in stats) <= 1 + 1e-9
+    names = {s.name for s in stats}
+    assert names & {"aten::mm", "aten::addmm", "aten::matmul"}, names
+
+
+def test_profile_top_ops_truncates_to_top() -> None:
+    full = profile_top_ops(_matmul_workload(), top=50, warmup=0, device="cpu")
+    top1 = profile_top_ops(_matmul_workload(), top=1, warmup=0, device="cpu")
+    assert len(top1) == 1 and len(full) >= 2
+    assert full[0].share >= full[1].share
+
+
+def test_format_op_table() -> None:
+    stats = [
+        OpStat("aten::mm", 3, 0.012, 0.75),
+        OpStat("aten::relu", 3, 0.004, 0.25),
+    ]
+    lines = format_op_table(stats).splitlines()
+    assert len(lines) == 1 + len(stats)
+    assert lines[0].split() == ["op", "calls", "self", "ms", "share"]
+    assert lines[1].split() == ["aten::mm", "3", "12.00", "75.0%"]
+    assert lines[2].split() == ["aten::relu", "3", "4.00", "25.0%"]
+    assert len({len(line) for line in lines}) == 1  # fixed width: the columns line up
+    assert format_op_table([]).splitlines()[0].split()[0] == "op"

@@ -1,0 +1,37 @@
+"""tutorial_lib: the companion package of "Fast Transformer Training on Hopper".
+
+Everything the book's notebooks run lives here; the notebooks import it and never redefine it.
+"""
+
+from .config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
+from .data import ByteTokenizer, TokenData, load_corpus, make_data, synthetic_batch
+from .hardware import SPECS, DeviceInfo, DeviceSpec, describe_device
+from .model import GPT
+from .precision import PrecisionPolicy, available_policies, get_policy
+from .train import TrainConfig, Trainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "GPTConfig",
+    "MODEL_SIZES",
+    "RunPreset",
+    "PRESETS",
+    "get_preset",
+    "ByteTokenizer",
+    "TokenData",
+    "load_corpus",
+    "make_data",
+    "synthetic_batch",
+    "SPECS",
+    "DeviceSpec",
+    "DeviceInfo",
+    "describe_device",
+    "GPT",
+    "PrecisionPolicy",
+    "available_policies",
+    "get_policy",
+    "Trainer",
+    "TrainConfig",
+]

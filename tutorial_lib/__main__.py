@@ -1,0 +1,156 @@
+"""Command line: ``python -m tutorial_lib {info,train} ...`` (``--help`` on each)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .config import MODEL_SIZES, PRESETS, GPTConfig, get_preset
+from .hardware import describe_device, fp8_gemm_status, te_available
+from .precision import available_policies
+
+__all__ = ["main", "build_parser"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tutorial_lib",
+        description="Companion package of 'Fast Transformer Training on Hopper'.",
+    )
+    parser.add_argument("--version", action="version", version=f"tutorial_lib {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,train}")
+
+    info = sub.add_parser("info", help="describe the device, its spec, the preset, FP8 and TE")
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    train = sub.add_parser("train", help="train the preset's GPT on the byte-level corpus")
+    train.add_argument("--preset", choices=list(PRESETS), help="default: $TUTORIAL_PRESET/auto")
+    train.add_argument("--model", choices=list(MODEL_SIZES), help="override the preset's size")
+    train.add_argument("--steps", type=_positive_int, help="total optimizer steps")
+    train.add_argument("--batch-size", type=_positive_int, help="sequences per micro-batch")
+    train.add_argument("--grad-accum", type=_positive_int, default=1)
+    train.add_argument("--lr", type=float, help="peak learning rate")
+    train.add_argument("--precision", default="fp32", help=f"one of {available_policies()}")
+    train.add_argument("--data", type=Path, help="text file or folder (default: Python stdlib)")
+    train.add_argument("--out", type=Path, required=True, help="folder for checkpoint/metrics")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    train.add_argument("--checkpoint-every", type=int, default=0, metavar="N")
+    train.add_argument(
+        "--resume", action="store_true", help="continue from OUT/checkpoint.pt if it exists"
+    )
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return parser
+
+
+def _info(args: argparse.Namespace) -> int:
+    dev = describe_device()
+    preset = get_preset()
+    fp8_ok, fp8_why = fp8_gemm_status()
+    te_ok, te_why = te_available()
+    report = {
+        "tutorial_lib": __version__,
+        "torch": torch.__version__,
+        "device": dev.summary(),
+        "spec": None if dev.spec is None else {
+            "name": dev.spec.name,
+            "peak_tflops": {k: v / 1e12 for k, v in dev.spec.peak_flops.items()},
+            "hbm_tb_s": dev.spec.hbm_bandwidth / 1e12,
+            "source": dev.spec.source,
+        },
+        "preset": preset.name,
+        "precision_policies": available_policies(),
+        "fp8_gemms": {"available": fp8_ok, "reason": fp8_why},
+        "transformer_engine": {"available": te_ok, "reason": te_why},
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"tutorial_lib {__version__}, torch {torch.__version__}")
+    print(f"device:  {report['device']}")
+    if dev.spec is None:
+        print("spec:    not in the spec table -> MFU is reported as unavailable")
+    else:
+        peaks = ", ".join(f"{k} {v:.0f}" for k, v in report["spec"]["peak_tflops"].items())
+        print(
+            f"spec:    {dev.spec.name}: peak TFLOP/s {peaks}; HBM {report['spec']['hbm_tb_s']} TB/s"
+        )
+    print(f"preset:  {preset.name} (model {preset.model}, {preset.steps} steps)")
+    print(f"precision policies: {', '.join(available_policies())}")
+    print(f"FP8 GEMMs: {'yes' if fp8_ok else 'no'} ({fp8_why})")
+    print(f"Transformer Engine: {'yes' if te_ok else 'no'} ({te_why})")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .data import make_data
+    from .model import GPT
+    from .train import TrainConfig, Trainer
+
+    preset = get_preset(args.preset)
+    # The corpus is bytes, so a named size always trains with a 256-symbol vocabulary.
+    model_cfg = (
+        preset.model_config() if args.model is None
+        else GPTConfig.from_name(args.model, vocab_size=256)
+    )  # fmt: skip
+    cfg = TrainConfig(
+        steps=args.steps or preset.steps,
+        batch_size=args.batch_size or preset.batch_size,
+        grad_accum=args.grad_accum,
+        lr=args.lr or preset.lr,
+        warmup_steps=min(preset.warmup_steps, args.steps or preset.steps),
+        eval_every=preset.eval_every,
+        eval_iters=preset.eval_iters,
+        checkpoint_every=args.checkpoint_every,
+        precision=args.precision,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    data = make_data(model_cfg.block_size, path=args.data, seed=args.seed)
+    torch.manual_seed(args.seed)
+    trainer = Trainer(GPT(model_cfg), data, cfg, device=args.device, out_dir=args.out)
+    ckpt = args.out / "checkpoint.pt"
+    if args.resume and ckpt.exists():
+        trainer.resume(ckpt)
+        print(f"resumed from {ckpt} at step {trainer.step}")
+    history = trainer.train()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "metrics.json").write_text(json.dumps(history, indent=1))
+    last = history[-1] if history else None
+    if last is not None:
+        print(
+            f"step {trainer.step}: loss {last['loss']:.4f}, "
+            f"{last['tokens_per_s']:,.0f} tokens/s on {describe_device(trainer.device).name}; "
+            f"wrote {ckpt} and {args.out / 'metrics.json'}"
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return {"info": _info, "train": _train}[args.command](args)
+    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Model configurations (``GPTConfig``) and run presets (``ci``, ``hopper``).
+
+A *model config* says what the network looks like. A *run preset* says how big a run the
+notebooks and the CLI make on the hardware at hand: which model size, batch, steps. The same
+notebook runs under both presets; only these numbers change.
+
+The preset comes from ``TUTORIAL_PRESET`` (``ci`` or ``hopper``); when it is unset, an sm_90
+GPU (H100/H200) selects ``hopper`` and anything else selects ``ci``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "GPTConfig",
+    "MODEL_SIZES",
+    "RunPreset",
+    "PRESETS",
+    "get_preset",
+    "detect_preset_name",
+]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a GPT-2-style decoder.
+
+    Sizes:
+        vocab_size: number of token ids (256 for the byte tokenizer, 50257 for GPT-2's BPE).
+        block_size: maximum context length T; positions are learned up to this length.
+        n_layer: number of transformer blocks.
+        n_head: attention heads per block; must divide ``n_embd``.
+        n_embd: model (hidden) width; the MLP is 4 * n_embd wide.
+
+    Regularisation and layout:
+        dropout: dropout probability on attention weights and residual branches.
+        bias: whether Linear and LayerNorm layers carry a bias (GPT-2 does).
+    """
+
+    vocab_size: int = 256
+    block_size: int = 256
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    dropout: float = 0.0
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(
+                    f"GPTConfig.{name} must be a positive integer, got {value!r}. "
+                    "Pick a size >= 1 (see GPTConfig.from_name for named sizes)."
+                )
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
+                f"every head needs n_embd / n_head channels. Use e.g. n_head="
+                f"{_nearest_divisor(self.n_embd, self.n_head)} or change n_embd."
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: object) -> GPTConfig:
+        """A named size (``tiny``, ``gpt2-124m``, ...), optionally with fields overridden."""
+        if name not in MODEL_SIZES:
+            raise KeyError(f"Unknown model size {name!r}. Available: {', '.join(MODEL_SIZES)}.")
+        return dataclasses.replace(MODEL_SIZES[name], **overrides)
+
+    def replace(self, **overrides: object) -> GPTConfig:
+        return dataclasses.replace(self, **overrides)
+
+
+def _nearest_divisor(n: int, near: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - near), d))
+
+
+# GPT-2 sizes follow Radford et al. (2019) with GPT-2's 50257-token vocabulary; the book trains
+# them on bytes, so `vocab_size` is set to 256 by the presets when needed.
+MODEL_SIZES: dict[str, GPTConfig] = {
+    # CI-sized: a few hundred thousand parameters, trains in seconds on 2 CPU cores.
+    "tiny": GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
+    "small": GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384),
+    "gpt2-124m": GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+    "gpt2-350m": GPTConfig(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
+    "gpt2-774m": GPTConfig(vocab_size=50257, block_size=1024, n_layer=36, n_head=20, n_embd=1280),
+    "gpt2-1.5b": GPTConfig(vocab_size=50257, block_size=1024, n_layer=48, n_head=25, n_embd=1600),
+    # FP8 needs wide GEMMs before it pays off (TE issue #445); hidden 4096 matches TE's own
+    # single-layer benchmark (hidden 4096, FFN 16384, seq 2048).
+    "fp8-2.7b": GPTConfig(vocab_size=50257, block_size=2048, n_layer=12, n_head=32, n_embd=4096),
+}
+
+
+@dataclass(frozen=True)
+class RunPreset:
+    """How big a run the notebooks and CLI make.
+
+    Model:
+        model: name in ``MODEL_SIZES``; ``model_overrides`` changes fields (e.g. vocab 256).
+    Training:
+        batch_size: sequences per micro-batch; ``grad_accum`` micro-batches per step.
+        steps: optimizer steps for the chapter's training run; ``eval_every``/``eval_iters``.
+        lr, warmup_steps: peak learning rate and linear warm-up length.
+    Benchmarks:
+        bench_warmup, bench_iters: timing iterations for ``perf.benchmark``.
+        sample_tokens: how many bytes ``generate`` writes in the sampling demos.
+    """
+
+    name: str
+    model: str
+    model_overrides: dict[str, object] = field(default_factory=dict)
+    batch_size: int = 16
+    grad_accum: int = 1
+    steps: int = 100
+    eval_every: int = 25
+    eval_iters: int = 4
+    lr: float = 3e-3
+    warmup_steps: int = 10
+    bench_warmup: int = 2
+    bench_iters: int = 5
+    sample_tokens: int = 200
+
+    def model_config(self, **overrides: object) -> GPTConfig:
+        return GPTConfig.from_name(self.model, **{**self.model_overrides, **overrides})
+
+    @property
+    def tokens_per_step(self) -> int:
+        cfg = self.model_config()
+        return self.batch_size * self.grad_accum * cfg.block_size
+
+
+PRESETS: dict[str, RunPreset] = {
+    # 2 CPU cores: ~0.2-0.3 s per FP32 step for `tiny` (REFERENCE.md), so 80 steps take ~20 s
+    # and bring the byte-level loss from ln(256) = 5.5 to below 3.
+    "ci": RunPreset(
+        name="ci",
+        model="tiny",
+        batch_size=16,
+        steps=80,
+        eval_every=20,
+        eval_iters=4,
+        lr=3e-3,
+        warmup_steps=8,
+        bench_warmup=2,
+        bench_iters=5,
+        sample_tokens=120,
+    ),
+    # One H100/H200: GPT-2 124M shape on bytes (vocab 256), 16K tokens per step; 200 steps keep
+    # chapter 1 (FP32) to about a minute on an H200.
+    "hopper": RunPreset(
+        name="hopper",
+        model="gpt2-124m",
+        model_overrides={"vocab_size": 256},
+        batch_size=16,
+        steps=200,
+        eval_every=50,
+        eval_iters=10,
+        lr=1e-3,
+        warmup_steps=30,
+        bench_warmup=10,
+        bench_iters=50,
+        sample_tokens=300,
+    ),
+}
+
+
+def detect_preset_name() -> str:
+    """``hopper`` on an sm_90 CUDA device, else ``ci``."""
+    if torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0):
+        return "hopper"
+    return "ci"
+
+
+def get_preset(name: str | None = None) -> RunPreset:
+    """The preset named ``name``, else ``$TUTORIAL_PRESET``, else the auto-detected one."""
+    chosen = (name or os.environ.get("TUTORIAL_PRESET", "")).strip().lower()
+    chosen = chosen or detect_preset_name()
+    if chosen not in PRESETS:
+        raise ValueError(
+            f"Unknown preset {chosen!r} (from TUTORIAL_PRESET or the argument). "
+            f"Available: {', '.join(PRESETS)}."
+        )
+    return PRESETS[chosen]

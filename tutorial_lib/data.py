@@ -1,0 +1,177 @@
+"""Bytes in, token ids out: a corpus that needs no download, and a seeded batch sampler.
+
+The default corpus is the Python standard library's own ``.py`` sources on this machine: several
+MB of real, structured text that every Python install has. Files are read in sorted order, so
+the corpus (and every batch drawn from it with a given seed) is the same on every run.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = [
+    "ByteTokenizer",
+    "stdlib_source_dir",
+    "load_corpus",
+    "TokenData",
+    "make_data",
+    "synthetic_batch",
+]
+
+
+class ByteTokenizer:
+    """The simplest tokenizer there is: one token per byte, 256 symbols, lossless for UTF-8."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int] | torch.Tensor) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def stdlib_source_dir() -> Path:
+    """The folder holding the standard library's ``.py`` files (``sysconfig``'s ``stdlib``)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _stdlib_files(root: Path) -> list[Path]:
+    # Skip site-packages (it varies per machine) and the test suite (huge, and full of odd bytes).
+    skip = {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__"}
+    return sorted(p for p in root.rglob("*.py") if not (skip & set(p.relative_to(root).parts[:-1])))
+
+
+def load_corpus(
+    path: str | Path | None = None, max_bytes: int | None = 8_000_000, suffix: str = ".py"
+) -> bytes:
+    """Read a corpus: a text file, every ``suffix`` file under a folder, or (default) the stdlib.
+
+    Files are concatenated in sorted path order, separated by a newline; reading stops after
+    ``max_bytes`` (None reads everything).
+    """
+    if path is None:
+        files = _stdlib_files(stdlib_source_dir())
+        where = f"the standard library at {stdlib_source_dir()}"
+    else:
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise FileNotFoundError(
+                f"Corpus path {str(p)!r} does not exist. Pass an existing text file or folder, "
+                "or leave it unset (None) for the Python standard library's sources."
+            )
+        files = [p] if p.is_file() else sorted(q for q in p.rglob(f"*{suffix}") if q.is_file())
+        where = str(p)
+    chunks: list[bytes] = []
+    total = 0
+    for f in files:
+        try:
+            data = f.read_bytes()
+        except OSError:
+            continue  # unreadable file (permissions, broken link): not part of the corpus
+        chunks.append(data)
+        total += len(data) + 1
+        if max_bytes is not None and total >= max_bytes:
+            break
+    corpus = b"\n".join(chunks)[:max_bytes] if max_bytes is not None else b"\n".join(chunks)
+    if not corpus.strip():
+        raise ValueError(
+            f"The corpus from {where} is empty (no non-blank {suffix!r} text found). "
+            "Point `path` at a non-empty text file, or at a folder with files ending in "
+            f"{suffix!r} (or pass suffix=...)."
+        )
+    return corpus
+
+
+@dataclass
+class TokenData:
+    """Train and validation token streams and a seeded sampler of (input, target) batches."""
+
+    train: torch.Tensor  # (N_train,) uint8 token ids
+    val: torch.Tensor  # (N_val,) uint8 token ids
+    block_size: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, split in (("train", self.train), ("val", self.val)):
+            if len(split) <= self.block_size:
+                raise ValueError(
+                    f"The {name} split has {len(split)} tokens, not more than block_size="
+                    f"{self.block_size}. Use a larger corpus, a smaller block_size, or a "
+                    "different val_fraction."
+                )
+        self._gens = {
+            "train": torch.Generator().manual_seed(self.seed),
+            "val": torch.Generator().manual_seed(self.seed + 1),
+        }
+
+    def get_batch(
+        self, split: str, batch_size: int, device: torch.device | str = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random windows: x is (B, T) token ids, y is x shifted left by one (next token)."""
+        if split not in self._gens:
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}.")
+        data = self.train if split == "train" else self.val
+        starts = torch.randint(
+            len(data) - self.block_size, (batch_size,), generator=self._gens[split]
+        )
+        idx = starts[:, None] + torch.arange(self.block_size + 1)[None, :]  # (B, T+1)
+        window = data[idx].long()
+        x, y = window[:, :-1], window[:, 1:]
+        device = torch.device(device)
+        if device.type == "cuda":
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(
+                device, non_blocking=True
+            )
+        return x, y
+
+    def batches(
+        self, split: str, batch_size: int, device: torch.device | str = "cpu"
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.get_batch(split, batch_size, device)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Sampler RNG state, so a resumed run draws the same batches."""
+        return {k: g.get_state() for k, g in self._gens.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for k, g in self._gens.items():
+            g.set_state(state[k])
+
+
+def make_data(
+    block_size: int,
+    path: str | Path | None = None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    max_bytes: int | None = 8_000_000,
+) -> TokenData:
+    """Byte-tokenize a corpus (see ``load_corpus``) and split it: the last part is validation."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
+    corpus = load_corpus(path, max_bytes=max_bytes)
+    tokens = torch.from_numpy(np.frombuffer(corpus, dtype=np.uint8).copy())
+    n_train = len(tokens) - int(len(tokens) * val_fraction)  # not tokens[:-n_val]: n_val may be 0
+    return TokenData(tokens[:n_train], tokens[n_train:], block_size=block_size, seed=seed)
+
+
+def synthetic_batch(
+    batch_size: int,
+    block_size: int,
+    vocab_size: int,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniform random tokens, generated on the device: for throughput benchmarks, not learning."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randint(vocab_size, (batch_size, block_size + 1), generator=g, device=device)
+    return x[:, :-1], x[:, 1:]

@@ -1,0 +1,234 @@
+"""What hardware are we on, and what can it do on paper?
+
+``describe_device()`` reports the device in front of the reader. ``SPECS`` is a table of peak
+dense throughput and memory bandwidth from vendor datasheets; MFU is only ever computed against
+an entry of this table, and is *unavailable* (``None``) on a device the table does not know,
+such as a CPU. A made-up peak is how "104% MFU on an H100" happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "DeviceSpec",
+    "DeviceInfo",
+    "SPECS",
+    "describe_device",
+    "lookup_spec",
+    "default_device",
+    "te_available",
+    "fp8_gemm_status",
+]
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Datasheet numbers for one accelerator. FLOP/s are *dense* (no 2:4 sparsity)."""
+
+    name: str
+    peak_flops: dict[str, float]  # dtype name ("fp32", "tf32", "bf16", "fp16", "fp8") -> FLOP/s
+    hbm_bandwidth: float  # bytes/s
+    hbm_capacity: float  # bytes
+    nvlink_bandwidth: float | None  # bytes/s per GPU, one direction
+    source: str
+
+    def peak(self, dtype: str) -> float | None:
+        """Peak FLOP/s for ``dtype``, or None if the device has no such math (e.g. FP8 on A100)."""
+        return self.peak_flops.get(dtype)
+
+
+_TB = 1e12
+_GB = 1e9
+
+# Every number below is dense (non-sparse) and from the vendor's datasheet named in `source`.
+SPECS: dict[str, DeviceSpec] = {
+    "H100 SXM": DeviceSpec(
+        name="H100 SXM",
+        # NVIDIA H100 Tensor Core GPU datasheet (SXM5 column; sparse figures halved):
+        # FP64 TC 67 TF, TF32 494.5 TF, BF16/FP16 989.5 TF, FP8 1979 TF; FP32 (non-TC) 67 TF.
+        peak_flops={
+            "fp32": 67e12,
+            "tf32": 494.5e12,
+            "bf16": 989.5e12,
+            "fp16": 989.5e12,
+            "fp8": 1979e12,
+        },
+        hbm_bandwidth=3.35 * _TB,  # datasheet: 3.35 TB/s HBM3
+        hbm_capacity=80 * _GB,  # datasheet: 80 GB
+        nvlink_bandwidth=450 * _GB,  # NVLink 4: 900 GB/s bidirectional -> 450 GB/s one way
+        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense values",
+    ),
+    "H100 PCIe": DeviceSpec(
+        name="H100 PCIe",
+        # NVIDIA H100 datasheet, PCIe column (sparse figures halved): TF32 378 TF, BF16 756.5 TF
+        # (1,513 sparse), FP8 1513 TF (3,026 sparse), FP32 51 TF.
+        peak_flops={
+            "fp32": 51e12,
+            "tf32": 378e12,
+            "bf16": 756.5e12,
+            "fp16": 756.5e12,
+            "fp8": 1513e12,
+        },
+        hbm_bandwidth=2.0 * _TB,  # datasheet: 2 TB/s HBM2e
+        hbm_capacity=80 * _GB,
+        nvlink_bandwidth=300 * _GB,  # NVLink bridge 600 GB/s bidirectional
+        source="NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense values",
+    ),
+    "H200": DeviceSpec(
+        name="H200",
+        # NVIDIA H200 Tensor Core GPU datasheet (SXM; same compute as H100 SXM, sparse halved):
+        # TF32 494.5 TF, BF16 989.5 TF, FP8 1979 TF, FP32 67 TF.
+        peak_flops={
+            "fp32": 67e12,
+            "tf32": 494.5e12,
+            "bf16": 989.5e12,
+            "fp16": 989.5e12,
+            "fp8": 1979e12,
+        },
+        hbm_bandwidth=4.8 * _TB,  # datasheet: 4.8 TB/s HBM3e
+        hbm_capacity=141 * _GB,  # datasheet: 141 GB
+        nvlink_bandwidth=450 * _GB,  # NVLink 4: 900 GB/s bidirectional
+        source="NVIDIA H200 Tensor Core GPU datasheet (SXM), dense values",
+    ),
+    "A100": DeviceSpec(
+        name="A100",
+        # NVIDIA A100 Tensor Core GPU datasheet (SXM 80 GB): FP32 19.5 TF, TF32 156 TF,
+        # BF16/FP16 312 TF (dense); no FP8 tensor cores.
+        peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+        hbm_bandwidth=2.039 * _TB,  # datasheet: 2,039 GB/s (80 GB SXM)
+        hbm_capacity=80 * _GB,
+        nvlink_bandwidth=300 * _GB,  # NVLink 3: 600 GB/s bidirectional
+        source="NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB), dense values",
+    ),
+    "B200": DeviceSpec(
+        name="B200",
+        # NVIDIA HGX B200 / DGX B200 datasheet per GPU (dense = sparse / 2): TF32 1.1 PF,
+        # BF16/FP16 2.25 PF, FP8 4.5 PF; FP32 75 TF.
+        peak_flops={"fp32": 75e12, "tf32": 1.1e15, "bf16": 2.25e15, "fp16": 2.25e15, "fp8": 4.5e15},
+        hbm_bandwidth=8.0 * _TB,  # datasheet: 8 TB/s HBM3e
+        hbm_capacity=192 * _GB,  # datasheet: 192 GB (180 GB usable in DGX B200)
+        nvlink_bandwidth=900 * _GB,  # NVLink 5: 1.8 TB/s bidirectional
+        source="NVIDIA HGX B200 datasheet (per GPU), dense values",
+    ),
+}
+
+# Substrings of torch.cuda.get_device_name() -> SPECS key. Order matters: most specific first.
+_NAME_PATTERNS: list[tuple[str, str]] = [
+    ("H200", "H200"),
+    ("H100 PCIe", "H100 PCIe"),
+    ("H100", "H100 SXM"),
+    ("A100", "A100"),
+    ("B200", "B200"),
+]
+
+
+def lookup_spec(device_name: str) -> DeviceSpec | None:
+    """The datasheet entry for a device name as CUDA reports it, or None if unknown."""
+    for pattern, key in _NAME_PATTERNS:
+        if pattern.lower() in device_name.lower():
+            return SPECS[key]
+    return None
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device in front of the reader."""
+
+    type: str  # "cuda" or "cpu"
+    name: str
+    compute_capability: tuple[int, int] | None
+    memory_bytes: int | None
+    bf16_supported: bool  # BF16 *tensor-core* math on CUDA; BF16 runs (slowly) on any CPU
+    fp8_supported: bool  # FP8 tensor-core GEMMs (sm_89+)
+    spec: DeviceSpec | None
+
+    def summary(self) -> str:
+        cc = (
+            f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+            if (self.compute_capability)
+            else "no CUDA"
+        )
+        mem = f"{self.memory_bytes / 2**30:.0f} GiB" if self.memory_bytes else "? GiB"
+        return (
+            f"{self.name} ({self.type}, {cc}, {mem}); bf16 matrix units: "
+            f"{'yes' if self.bf16_supported else 'no'}; fp8 GEMMs: "
+            f"{'yes' if self.fp8_supported else 'no'}"
+        )
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def _cpu_memory() -> int | None:
+    try:
+        import os
+
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def describe_device(device: torch.device | str | None = None) -> DeviceInfo:
+    """Name, compute capability, memory, BF16/FP8 support and datasheet spec of ``device``."""
+    device = torch.device(device) if device is not None else default_device()
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        cc = (props.major, props.minor)
+        return DeviceInfo(
+            type="cuda",
+            name=props.name,
+            compute_capability=cc,
+            memory_bytes=props.total_memory,
+            bf16_supported=cc >= (8, 0),
+            fp8_supported=cc >= (8, 9),
+            spec=lookup_spec(props.name),
+        )
+    if device.type == "cpu":
+        return DeviceInfo(
+            type="cpu",
+            name=_cpu_name(),
+            compute_capability=None,
+            memory_bytes=_cpu_memory(),
+            bf16_supported=False,
+            fp8_supported=False,
+            spec=None,
+        )
+    raise ValueError(f"Unsupported device type {device.type!r}; use 'cpu' or 'cuda'.")
+
+
+def te_available() -> tuple[bool, str]:
+    """Whether NVIDIA Transformer Engine's PyTorch backend imports here, and why not if not."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as exc:  # ImportError, or TE's own errors when its CUDA core is missing
+        return False, f"transformer_engine.pytorch does not import: {type(exc).__name__}: {exc}"
+    return True, "transformer_engine.pytorch imports"
+
+
+def fp8_gemm_status(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """Whether FP8 tensor-core GEMMs (``torch._scaled_mm``) run fast on ``device``, and why."""
+    info = describe_device(device)
+    if info.type != "cuda":
+        return False, "no CUDA GPU: FP8 runs as an exact but slow emulation on the CPU"
+    if not info.fp8_supported:
+        cc = info.compute_capability
+        return False, f"{info.name} is sm_{cc[0]}{cc[1]}; FP8 tensor cores need sm_89+ (Ada/Hopper)"
+    return True, f"{info.name} has FP8 tensor cores"

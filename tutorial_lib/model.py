@@ -1,0 +1,257 @@
+"""A GPT-2-shaped decoder in plain PyTorch, one short class per idea.
+
+Pre-LayerNorm blocks, learned position embeddings, causal ``scaled_dot_product_attention``, a 4x
+MLP with (tanh-approximated) GELU as in GPT-2, and an LM head tied to the token embedding.
+Linear and LayerNorm layers come from a ``LayerFactory`` (see ``layers.py``).
+
+Shapes in comments: B batch, T sequence, C = n_embd, nh = n_head, hs = C / nh, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import GPTConfig
+from .layers import LayerFactory, TorchLayers
+
+__all__ = [
+    "CausalSelfAttention",
+    "MLP",
+    "Block",
+    "GPT",
+    "param_breakdown",
+    "flops_breakdown",
+    "hf_to_tutorial_state_dict",
+]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig, layers: LayerFactory) -> None:
+        super().__init__()
+        self.head_dim, self.dropout = cfg.head_dim, cfg.dropout
+        self.qkv = layers.linear(cfg.n_embd, 3 * cfg.n_embd, cfg.bias, role="attn.qkv")
+        self.proj = layers.linear(cfg.n_embd, cfg.n_embd, cfg.bias, role="attn.proj")
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=2)  # 3 x (B, T, C); a TP shard has fewer columns
+        # (B, T, C) -> (B, nh, T, hs): nh follows from the width, so a shard with 3 heads works
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig, layers: LayerFactory) -> None:
+        super().__init__()
+        self.fc = layers.linear(cfg.n_embd, 4 * cfg.n_embd, cfg.bias, role="mlp.fc")
+        self.proj = layers.linear(4 * cfg.n_embd, cfg.n_embd, cfg.bias, role="mlp.proj")
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x), approximate="tanh")))  # (B, T, C)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, layers: LayerFactory) -> None:
+        super().__init__()
+        self.ln1 = layers.layernorm(cfg.n_embd, cfg.bias)
+        self.attn = CausalSelfAttention(cfg, layers)
+        self.ln2 = layers.layernorm(cfg.n_embd, cfg.bias)
+        self.mlp = MLP(cfg, layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig, layers: LayerFactory | None = None) -> None:
+        super().__init__()
+        layers = layers or TorchLayers()
+        self.config = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, layers) for _ in range(cfg.n_layer))
+        self.ln_f = layers.layernorm(cfg.n_embd, cfg.bias)
+        self.apply(self._init_weights)
+        # GPT-2: scale the init of projections into the residual stream by 1/sqrt(2 * n_layer).
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, V), and the mean cross-entropy if ``targets`` (B, T) are given."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(
+                f"Sequence length {T} exceeds block_size={self.config.block_size}; crop the "
+                "input to the last block_size tokens (generate() does this)."
+            )
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.tok_emb.weight)  # tied LM head: (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
+        return logits, loss
+
+    # ---- anatomy -------------------------------------------------------------------------
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (tied weights once). ``non_embedding`` drops token+position tables."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
+        return n
+
+    def flops_per_token(self, training: bool = True, seq_len: int | None = None) -> float:
+        """Matmul FLOPs per token for a forward (x1) or forward+backward (x3) pass.
+
+        A matmul of an (m, k) by a (k, n) matrix costs 2mkn FLOPs. Per token and layer:
+          - the four Linear layers hold 12 C^2 weights -> 2 * 12 C^2 forward FLOPs;
+          - attention scores Q K^T and the weighted sum A V each cost 2 T C -> 4 T C
+            (counted over the full T x T matrix, as PaLM's MFU does; a causal kernel may
+            skip about half of it);
+        plus the LM head, 2 V C. Backward costs twice the forward, so training is
+        6 N + 12 L T C with N = 12 L C^2 + V C, the Kaplan/PaLM formula. LayerNorm, GELU,
+        softmax and adds are ignored: they are memory-bound and a few percent of the FLOPs.
+        """
+        c = self.config
+        T = seq_len or c.block_size
+        n_matmul = 12 * c.n_layer * c.n_embd**2 + c.vocab_size * c.n_embd
+        forward = 2 * n_matmul + 4 * c.n_layer * T * c.n_embd
+        return float(3 * forward if training else forward)
+
+    # ---- sampling --------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Append ``max_new_tokens`` sampled tokens to ``idx`` (B, T); returns (B, T + new)."""
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}.")
+        was_training = self.training
+        self.eval()
+        try:
+            for _ in range(max_new_tokens):
+                context = idx[:, -self.config.block_size :]
+                logits = self(context)[0][:, -1, :].float() / temperature  # (B, V)
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                probs = F.softmax(logits, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+                idx = torch.cat([idx, nxt], dim=1)
+        finally:
+            self.train(was_training)
+        return idx
+
+    # ---- Hugging Face interop ---------------------------------------------------------------
+    @classmethod
+    def from_hf_state_dict(cls, state_dict: Mapping[str, torch.Tensor], config: GPTConfig) -> GPT:
+        """Build a GPT from a ``transformers`` GPT-2 state dict (``GPT2LMHeadModel``/``GPT2Model``).
+
+        GPT-2 stores its Linear layers as ``Conv1D`` with weights of shape (in, out); ours are
+        ``nn.Linear`` with (out, in), so those weights are transposed.
+        """
+        model = cls(config)
+        model.load_state_dict(hf_to_tutorial_state_dict(state_dict, config))
+        return model
+
+
+_CONV1D = {"attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj", "mlp.c_fc": "mlp.fc",
+           "mlp.c_proj": "mlp.proj"}  # fmt: skip
+_NORMS = {"ln_1": "ln1", "ln_2": "ln2"}
+
+
+def hf_to_tutorial_state_dict(
+    state_dict: Mapping[str, torch.Tensor], config: GPTConfig
+) -> dict[str, torch.Tensor]:
+    """Rename (and transpose Conv1D weights of) a Hugging Face GPT-2 state dict for ``GPT``."""
+    sd = {k.removeprefix("transformer."): v for k, v in state_dict.items()}
+    sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    wte = sd.get("wte.weight")
+    if wte is None:
+        raise KeyError("Not a GPT-2 state dict: no 'transformer.wte.weight' (or 'wte.weight').")
+    expected = (config.vocab_size, config.n_embd)
+    if tuple(wte.shape) != expected:
+        raise ValueError(
+            f"wte.weight has shape {tuple(wte.shape)} but the config expects {expected}; pass a "
+            "GPTConfig with the checkpoint's vocab_size and n_embd."
+        )
+    out: dict[str, torch.Tensor] = {
+        "tok_emb.weight": wte,
+        "pos_emb.weight": sd["wpe.weight"][: config.block_size],
+        "ln_f.weight": sd["ln_f.weight"],
+    }
+    if config.bias:
+        out["ln_f.bias"] = sd["ln_f.bias"]
+    for i in range(config.n_layer):
+        for hf, ours in _NORMS.items():
+            for p in ("weight", "bias") if config.bias else ("weight",):
+                out[f"blocks.{i}.{ours}.{p}"] = sd[f"h.{i}.{hf}.{p}"]
+        for hf, ours in _CONV1D.items():
+            out[f"blocks.{i}.{ours}.weight"] = sd[f"h.{i}.{hf}.weight"].t().contiguous()
+            if config.bias:
+                out[f"blocks.{i}.{ours}.bias"] = sd[f"h.{i}.{hf}.bias"]
+    lm_head = sd.get("lm_head.weight")
+    if lm_head is not None and not torch.equal(lm_head, wte):
+        raise ValueError("lm_head.weight differs from wte.weight; this GPT ties the two.")
+    return out
+
+
+def param_breakdown(model: GPT) -> dict[str, int]:
+    """Parameters per component: embeddings, attention, MLP, LayerNorms (tied head counted once)."""
+    groups = {"token embedding": 0, "position embedding": 0, "attention": 0, "MLP": 0,
+              "LayerNorm": 0}  # fmt: skip
+    for name, p in model.named_parameters():
+        if name.startswith("tok_emb"):
+            key = "token embedding"
+        elif name.startswith("pos_emb"):
+            key = "position embedding"
+        elif ".attn." in name:
+            key = "attention"
+        elif ".mlp." in name:
+            key = "MLP"
+        else:
+            key = "LayerNorm"
+        groups[key] += p.numel()
+    return groups
+
+
+def flops_breakdown(cfg: GPTConfig, seq_len: int | None = None) -> dict[str, float]:
+    """Forward matmul FLOPs per token by component; the values sum to
+    ``GPT.flops_per_token(training=False)`` (multiply by 3 for forward + backward)."""
+    T, C, L = seq_len or cfg.block_size, cfg.n_embd, cfg.n_layer
+    return {
+        "attention projections (QKV, out)": 2.0 * L * 4 * C * C,
+        "attention scores + weighted sum": 4.0 * L * T * C,
+        "MLP": 2.0 * L * 8 * C * C,
+        "LM head": 2.0 * cfg.vocab_size * C,
+    }

@@ -1,0 +1,157 @@
+"""Precision policies, registered by name: what dtype the math runs in during training.
+
+A policy bundles the decisions that together make "mixed precision":
+    - the autocast dtype of the forward pass (None: no autocast);
+    - whether FP32 matmuls may use TF32 tensor cores;
+    - whether the loss is scaled (FP16 gradients underflow without it; BF16's do not);
+    - which peak of the spec table MFU is measured against;
+    - an optional model transform (later chapters: FP8 layers) and an extra context.
+
+Master weights and the optimizer state stay in FP32 under every policy here.
+The Trainer, the benchmarks and the CLI all take a policy by name: ``get_policy("bf16")``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["PrecisionPolicy", "register_policy", "get_policy", "available_policies", "POLICIES"]
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """How one training step handles precision.
+
+    Math:
+        autocast_dtype: dtype for ``torch.autocast`` in the forward pass; None disables it.
+        allow_tf32: let FP32 matmuls and convolutions use TF32 tensor cores (CUDA only).
+        peak_dtype: key into ``DeviceSpec.peak_flops`` used for MFU.
+    Gradients:
+        grad_scaler: scale the loss (dynamic loss scaling), needed for FP16.
+    Extensions (FP8, Transformer Engine):
+        prepare_model: called once on the model before training (e.g. swap Linear layers).
+        extra_context: a context manager factory entered around each forward pass.
+        check: raises a clear error if the device cannot run the policy.
+    """
+
+    name: str
+    description: str
+    autocast_dtype: torch.dtype | None = None
+    allow_tf32: bool = False
+    peak_dtype: str = "fp32"
+    grad_scaler: bool = False
+    prepare_model: Callable[[nn.Module], nn.Module] | None = None
+    extra_context: Callable[[], contextlib.AbstractContextManager[object]] | None = None
+    check: Callable[[torch.device], None] | None = None
+
+    def validate(self, device: torch.device | str) -> None:
+        """Raise ``RuntimeError`` naming the problem if ``device`` cannot run this policy."""
+        device = torch.device(device)
+        if self.check is not None:
+            self.check(device)
+
+    @contextlib.contextmanager
+    def autocast(self, device: torch.device | str) -> Iterator[None]:
+        """Enter the policy's autocast (and extra context) for a forward pass on ``device``."""
+        device = torch.device(device)
+        with contextlib.ExitStack() as stack:
+            if self.autocast_dtype is not None:
+                stack.enter_context(torch.autocast(device.type, dtype=self.autocast_dtype))
+            if self.extra_context is not None:
+                stack.enter_context(self.extra_context())
+            yield
+
+    @contextlib.contextmanager
+    def matmul_settings(self) -> Iterator[None]:
+        """Set TF32 for the duration (restores the previous global setting afterwards)."""
+        before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
+        torch.backends.cudnn.allow_tf32 = self.allow_tf32
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+    def make_grad_scaler(self, device: torch.device | str) -> torch.amp.GradScaler | None:
+        if not self.grad_scaler:
+            return None
+        return torch.amp.GradScaler(torch.device(device).type)
+
+
+POLICIES: dict[str, PrecisionPolicy] = {}
+
+
+def register_policy(policy: PrecisionPolicy, *, overwrite: bool = False) -> PrecisionPolicy:
+    """Add a policy to the registry (later chapters register ``fp8`` and ``te-fp8``)."""
+    if policy.name in POLICIES and not overwrite:
+        raise ValueError(f"A precision policy named {policy.name!r} is already registered.")
+    POLICIES[policy.name] = policy
+    return policy
+
+
+def available_policies() -> list[str]:
+    return list(POLICIES)
+
+
+def get_policy(
+    name: str | PrecisionPolicy, device: torch.device | str | None = None
+) -> PrecisionPolicy:
+    """The policy called ``name``; with ``device``, also check that the device can run it."""
+    policy = name if isinstance(name, PrecisionPolicy) else POLICIES.get(name)
+    if policy is None:
+        raise ValueError(
+            f"Unknown precision policy {name!r}. Available: {', '.join(available_policies())}."
+        )
+    if device is not None:
+        policy.validate(device)
+    return policy
+
+
+def _needs_cuda_cc(
+    min_cc: tuple[int, int], what: str, instead: str = "'fp32' or 'tf32'"
+) -> Callable[[torch.device], None]:
+    def check(device: torch.device) -> None:
+        if device.type != "cuda":
+            return
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        cc = torch.cuda.get_device_capability(index)
+        if cc < min_cc:
+            raise RuntimeError(
+                f"{what} needs a GPU with compute capability >= {min_cc[0]}.{min_cc[1]}; "
+                f"{torch.cuda.get_device_name(index)} is {cc[0]}.{cc[1]}. Use {instead} instead."
+            )
+
+    return check
+
+
+def _fp16_check(device: torch.device) -> None:
+    if device.type == "cpu":
+        raise RuntimeError(
+            "The fp16 policy (autocast to float16 with a gradient scaler) is for CUDA GPUs; "
+            "CPU autocast has no fast float16 path. Use 'fp32' or 'bf16' on the CPU."
+        )
+    _needs_cuda_cc((7, 0), "fp16 tensor-core math")(device)
+
+
+for _policy in (
+    PrecisionPolicy("fp32", "full FP32 math (TF32 off)", peak_dtype="fp32"),
+    PrecisionPolicy(
+        "tf32", "FP32 tensors, matmuls on TF32 tensor cores (10-bit mantissa)",
+        allow_tf32=True, peak_dtype="tf32",
+    ),
+    PrecisionPolicy(
+        "bf16", "autocast to bfloat16, FP32 master weights, no loss scaling",
+        autocast_dtype=torch.bfloat16, peak_dtype="bf16",
+        check=_needs_cuda_cc((8, 0), "bf16 autocast", instead="'fp16' (with loss scaling) or 'fp32'"),
+    ),
+    PrecisionPolicy(
+        "fp16", "autocast to float16, FP32 master weights, dynamic loss scaling",
+        autocast_dtype=torch.float16, peak_dtype="fp16", grad_scaler=True, check=_fp16_check,
+    ),
+):  # fmt: skip
+    register_policy(_policy)

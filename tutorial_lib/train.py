@@ -1,0 +1,323 @@
+"""The training loop: AdamW, warm-up + cosine schedule, accumulation, clipping, eval, checkpoints.
+
+Everything a step does, in order: sample micro-batches -> forward under the precision policy ->
+backward (scaled for FP16) -> unscale, clip the gradient norm -> optimizer step -> metrics
+(loss, lr, tokens/s, MFU, peak memory) -> progress bar -> periodic validation and checkpoint.
+
+Checkpoints are written atomically (temporary file, fsync, rename) and hold the model, optimizer,
+schedule, data-sampler and RNG state, so a resumed run reproduces the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .data import TokenData
+from .hardware import describe_device
+from .model import GPT
+from .perf import mfu, peak_memory_bytes, reset_peak_memory, synchronize
+from .precision import PrecisionPolicy, get_policy
+
+__all__ = [
+    "TrainConfig",
+    "lr_at",
+    "NonFiniteLossError",
+    "Trainer",
+    "save_checkpoint",
+    "load_checkpoint",
+]
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of one run.
+
+    Steps and batch:
+        steps: optimizer steps; batch_size sequences per micro-batch; grad_accum micro-batches.
+    Optimizer (AdamW, decoupled weight decay on matrices only):
+        lr: peak learning rate; min_lr_ratio: final lr as a fraction of peak.
+        warmup_steps: linear warm-up; cosine decay to min lr over the remaining steps.
+        weight_decay, beta1, beta2: AdamW; grad_clip: max global grad norm (0 disables).
+    Bookkeeping:
+        eval_every/eval_iters: validation cadence and batches; checkpoint_every (0: only at end).
+        precision: policy name (see ``precision.available_policies()``); seed: RNG seed.
+        progress: show a tqdm progress bar.
+    """
+
+    steps: int = 100
+    batch_size: int = 16
+    grad_accum: int = 1
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    eval_iters: int = 4
+    checkpoint_every: int = 0
+    precision: str = "fp32"
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "eval_iters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("warmup_steps", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}.")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(
+                f"Need lr > 0 and 0 <= min_lr_ratio <= 1 (got {self.lr}, {self.min_lr_ratio})."
+            )
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warm-up, then cosine decay."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    min_lr = cfg.lr * cfg.min_lr_ratio
+    return min_lr + 0.5 * (cfg.lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss; the last good checkpoint was left in place."""
+
+    def __init__(self, step: int, loss: float, checkpoint: Path | None) -> None:
+        kept = f"The last good checkpoint is {checkpoint}." if checkpoint else "No checkpoint."
+        super().__init__(
+            f"Non-finite loss ({loss}) at step {step}. {kept} Try a lower learning rate, "
+            "gradient clipping, or a wider-range precision (bf16 instead of fp16)."
+        )
+        self.step, self.loss, self.checkpoint = step, loss, checkpoint
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` with ``torch.save`` atomically: a crash never leaves a torn file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint at {path}.")
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+class Trainer:
+    """Trains a ``GPT`` on a ``TokenData`` stream; ``history`` holds one dict of metrics per step."""
+
+    def __init__(
+        self,
+        model: GPT,
+        data: TokenData,
+        cfg: TrainConfig,
+        device: torch.device | str | None = None,
+        out_dir: str | Path | None = None,
+    ) -> None:
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.policy: PrecisionPolicy = get_policy(cfg.precision, self.device)
+        self.cfg, self.data = cfg, data
+        torch.manual_seed(cfg.seed)
+        if self.policy.prepare_model is not None:
+            model = self.policy.prepare_model(model)
+        self.model = model.to(self.device)
+        self.optimizer = self._make_optimizer()
+        self.scaler = self.policy.make_grad_scaler(self.device)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.step = 0
+        self.history: list[dict[str, float | None]] = []
+        self.last_checkpoint: Path | None = None
+        info = describe_device(self.device)
+        self._spec = info.spec
+        self._flops_per_token = model.flops_per_token(training=True)
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]  # matrices and embeddings
+        no_decay = [p for p in params if p.dim() < 2]  # biases and LayerNorm gains
+        groups = [
+            {"params": decay, "weight_decay": self.cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        betas = (self.cfg.beta1, self.cfg.beta2)
+        try:  # fused: one kernel for the whole update (CUDA, and CPU in recent torch)
+            return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=betas, fused=True)
+        except (RuntimeError, TypeError):
+            return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=betas)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.batch_size * self.cfg.grad_accum * self.data.block_size
+
+    # ---- one step ----------------------------------------------------------------------------
+    def train_step(self) -> dict[str, float | None]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns its metrics."""
+        cfg, step = self.cfg, self.step
+        lr = lr_at(step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        reset_peak_memory(self.device)
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        total_loss = torch.zeros((), device=self.device)
+        with self.policy.matmul_settings():
+            for _ in range(cfg.grad_accum):
+                x, y = self.data.get_batch("train", cfg.batch_size, self.device)
+                with self.policy.autocast(self.device):
+                    _, loss = self.model(x, y)
+                loss = loss / cfg.grad_accum
+                total_loss += loss.detach()
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            if self.scaler:
+                self.scaler.unscale_(self.optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+            )
+            loss_value = total_loss.item()  # synchronises
+            if not math.isfinite(loss_value):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError(step, loss_value, self.last_checkpoint)
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.device)
+        dt = time.perf_counter() - t0
+        tps = self.tokens_per_step / dt
+        self.step += 1
+        return {
+            "step": step,
+            "loss": loss_value,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "step_time_s": dt,
+            "tokens_per_s": tps,
+            "mfu": mfu(tps, self._flops_per_token, self._spec, self.policy.peak_dtype),
+            "peak_mem_bytes": float(peak_memory_bytes(self.device)),
+            "val_loss": None,
+        }
+
+    @torch.no_grad()
+    def evaluate(self, iters: int | None = None) -> float:
+        """Mean validation loss over ``iters`` random batches (default ``cfg.eval_iters``)."""
+        self.model.eval()
+        losses = []
+        with self.policy.matmul_settings():
+            for _ in range(iters or self.cfg.eval_iters):
+                x, y = self.data.get_batch("val", self.cfg.batch_size, self.device)
+                with self.policy.autocast(self.device):
+                    _, loss = self.model(x, y)
+                losses.append(loss.item())
+        self.model.train()
+        return sum(losses) / len(losses)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def train(self, steps: int | None = None) -> list[dict[str, float | None]]:
+        """Run until ``steps`` (default ``cfg.steps``) optimizer steps have been taken in total."""
+        target = steps if steps is not None else self.cfg.steps
+        bar = tqdm(
+            total=target, initial=self.step, disable=not self.cfg.progress, desc="train",
+            unit="step", dynamic_ncols=True,
+        )  # fmt: skip
+        try:
+            while self.step < target:
+                row = self.train_step()
+                done = self.step
+                if self.cfg.eval_every and (done % self.cfg.eval_every == 0 or done == target):
+                    row["val_loss"] = self.evaluate()
+                self.history.append(row)
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}", refresh=False
+                )
+                every = self.cfg.checkpoint_every
+                if self.out_dir is not None and ((every and done % every == 0) or done == target):
+                    self.save(self.out_dir / "checkpoint.pt")
+        finally:
+            bar.close()
+        return self.history
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": "tutorial_lib.checkpoint/1",
+            "step": self.step,
+            "model_config": dataclasses.asdict(self.model.config),
+            "train_config": dataclasses.asdict(self.cfg),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "schedule": {"step": self.step, "lr": lr_at(self.step, self.cfg)},
+            "rng": _rng_state(),
+            "data": self.data.state_dict(),
+            "history": self.history,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format") != "tutorial_lib.checkpoint/1":
+            raise ValueError("Not a tutorial_lib checkpoint (missing or unknown 'format').")
+        if state["model_config"] != dataclasses.asdict(self.model.config):
+            raise ValueError(
+                "Checkpoint model config differs from this model's: "
+                f"{state['model_config']} vs {dataclasses.asdict(self.model.config)}."
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = state["step"]
+        self.history = list(state["history"])
+        self.data.load_state_dict(state["data"])
+        _set_rng_state(state["rng"])
+
+    def save(self, path: str | Path) -> Path:
+        self.last_checkpoint = save_checkpoint(path, self.state_dict())
+        return self.last_checkpoint
+
+    def resume(self, path: str | Path) -> None:
+        """Restore everything from a checkpoint written by ``save``; ``train()`` continues."""
+        self.load_state_dict(load_checkpoint(path))
+        self.last_checkpoint = Path(path)
