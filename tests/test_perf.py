@@ -92,7 +92,7 @@ def test_fake_stream_is_asynchronous(stream: FakeStream) -> None:
     """The control: timing a launch without synchronising sees (almost) none of the work."""
     t0 = time.perf_counter()
     stream.launch(0.05)
-    assert time.perf_counter() - t0 < 0.01
+    assert time.perf_counter() - t0 < 0.025
     stream.synchronize()
     assert time.perf_counter() - t0 >= 0.05
 
@@ -102,11 +102,11 @@ def test_benchmark_waits_for_asynchronous_work(
 ) -> None:
     monkeypatch.setattr(timing_mod, "synchronize", stream.synchronize)
     work = 0.02
-    result = benchmark(lambda: stream.launch(work), warmup=4, iters=5, device="cpu")
+    result = benchmark(lambda: stream.launch(work), warmup=8, iters=5, device="cpu")
     # Each timed call includes its own work, because benchmark synchronises inside the timing...
     assert result.min >= 0.95 * work
-    # ...and none of the warm-up's queued work (4 x 20 ms), because it synchronises after it.
-    assert result.max < 3 * work
+    # ...and none of the warm-up's queued work (8 x 20 ms), because it synchronises after it.
+    assert result.max < 6 * work
 
 
 # ---- throughput and MFU --------------------------------------------------------------------

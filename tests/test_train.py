@@ -17,6 +17,7 @@ from tutorial_lib import train as train_mod
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.model import GPT
+from tutorial_lib.precision import POLICIES, PrecisionPolicy
 from tutorial_lib.train import (
     NonFiniteLossError,
     TrainConfig,
@@ -450,3 +451,47 @@ def test_nan_loss_without_checkpoint(tiny_cfg: GPTConfig, tiny_data: TokenData) 
         trainer.train()
     assert info.value.checkpoint is None
     assert isinstance(info.value, RuntimeError)
+
+
+def _nan_grad_at_step(trainer: Trainer, bad_step: int) -> None:
+    """At optimizer step ``bad_step`` one gradient (final LayerNorm gain) is NaN; loss is fine."""
+    weight = trainer.model.ln_f.weight
+    weight.register_hook(lambda g: g * float("nan") if trainer.step == bad_step else g)
+
+
+def test_nan_gradient_with_finite_loss_stops_before_the_update(
+    tmp_path: Path, tiny_cfg: GPTConfig, tiny_data: TokenData
+) -> None:
+    """Clipping spreads one NaN gradient to every weight; the loss only shows it a step later,
+    after a checkpoint of NaN weights could have been written. The guard must stop at once."""
+    cfg = _cfg(steps=10, batch_size=4, checkpoint_every=1)
+    trainer = _trainer(tiny_cfg, tiny_data, cfg, out_dir=tmp_path)
+    _nan_grad_at_step(trainer, 3)
+    with pytest.raises(NonFiniteLossError, match="gradient norm.*step 3") as info:
+        trainer.train()
+    assert math.isfinite(info.value.loss) and math.isnan(info.value.grad_norm)
+    state = load_checkpoint(info.value.checkpoint)
+    assert state["step"] == 3
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_loss_scaler_skips_a_nan_gradient_step(
+    tiny_cfg: GPTConfig, tiny_data: TokenData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a grad scaler (the fp16 recipe) an inf/NaN gradient is normal: the scaler skips the
+    step and lowers the scale; training goes on. Simulated on the CPU without autocast."""
+    policy = PrecisionPolicy("test-scaled-fp32", "fp32 math with a grad scaler", grad_scaler=True)
+    monkeypatch.setitem(POLICIES, policy.name, policy)
+    trainer = _trainer(tiny_cfg, tiny_data, _cfg(steps=4, batch_size=4, precision=policy.name))
+    assert trainer.scaler is not None
+    _nan_grad_at_step(trainer, 2)
+    trainer.train(2)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    scale = trainer.scaler.get_scale()
+    row = trainer.train_step()  # step 2: NaN gradient, skipped
+    assert math.isnan(row["grad_norm"]) and math.isfinite(row["loss"])
+    assert trainer.scaler.get_scale() < scale
+    for p, q in zip(before, trainer.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert math.isfinite(trainer.train_step()["loss"])  # and step 3 trains normally

@@ -115,7 +115,10 @@ class RunPreset:
         lr, warmup_steps: peak learning rate and linear warm-up length.
     Benchmarks:
         bench_warmup, bench_iters: timing iterations for ``perf.benchmark``.
-        sample_tokens: how many bytes ``generate`` writes in the sampling demos.
+        bench_batch_size: sequences per timed training step in the benchmarks.
+    Comparisons (chapter 3's FP32 vs BF16 parity run, and later ones):
+        parity_steps, parity_batch_size: a shorter run, since BF16 is slow on CPUs.
+    sample_tokens: how many bytes ``generate`` writes in the sampling demos.
     """
 
     name: str
@@ -130,6 +133,9 @@ class RunPreset:
     warmup_steps: int = 10
     bench_warmup: int = 2
     bench_iters: int = 5
+    bench_batch_size: int = 16
+    parity_steps: int = 100
+    parity_batch_size: int = 16
     sample_tokens: int = 200
 
     def model_config(self, **overrides: object) -> GPTConfig:
@@ -153,8 +159,13 @@ PRESETS: dict[str, RunPreset] = {
         eval_iters=4,
         lr=3e-3,
         warmup_steps=8,
-        bench_warmup=2,
+        # BF16 on a CPU without BF16 units is ~7x slower than FP32 (REFERENCE.md): keep BF16
+        # benchmark steps and the FP32-vs-BF16 parity run small.
+        bench_warmup=1,
         bench_iters=5,
+        bench_batch_size=4,
+        parity_steps=30,
+        parity_batch_size=4,
         sample_tokens=120,
     ),
     # One H100/H200: GPT-2 124M shape on bytes (vocab 256), 16K tokens per step; 200 steps keep
@@ -171,6 +182,9 @@ PRESETS: dict[str, RunPreset] = {
         warmup_steps=30,
         bench_warmup=10,
         bench_iters=50,
+        bench_batch_size=16,
+        parity_steps=200,
+        parity_batch_size=16,
         sample_tokens=300,
     ),
 }

@@ -95,15 +95,23 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN or infinite loss; the last good checkpoint was left in place."""
+    """Training produced a NaN or infinite loss (or, without loss scaling, gradient norm);
+    the step was not applied and the last good checkpoint was left in place."""
 
-    def __init__(self, step: int, loss: float, checkpoint: Path | None) -> None:
+    def __init__(
+        self, step: int, loss: float, checkpoint: Path | None, grad_norm: float | None = None
+    ) -> None:
         kept = f"The last good checkpoint is {checkpoint}." if checkpoint else "No checkpoint."
+        what = (
+            f"loss ({loss})" if not math.isfinite(loss)
+            else f"gradient norm ({grad_norm}, loss {loss})"
+        )  # fmt: skip
         super().__init__(
-            f"Non-finite loss ({loss}) at step {step}. {kept} Try a lower learning rate, "
+            f"Non-finite {what} at step {step}. {kept} Try a lower learning rate, "
             "gradient clipping, or a wider-range precision (bf16 instead of fp16)."
         )
         self.step, self.loss, self.checkpoint = step, loss, checkpoint
+        self.grad_norm = grad_norm
 
 
 def _rng_state() -> dict[str, Any]:
@@ -155,6 +163,11 @@ class Trainer:
         out_dir: str | Path | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"Device {self.device} was requested, but this torch ({torch.__version__}) sees "
+                "no CUDA GPU. Use device='cpu', or install a CUDA build of torch (README)."
+            )
         self.policy: PrecisionPolicy = get_policy(cfg.precision, self.device)
         self.cfg, self.data = cfg, data
         torch.manual_seed(cfg.seed)
@@ -215,9 +228,14 @@ class Trainer:
                 self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
             )
             loss_value = total_loss.item()  # synchronises
-            if not math.isfinite(loss_value):
+            norm_value = float(grad_norm)
+            # Without a scaler (which skips such steps) one NaN gradient would turn every weight
+            # into NaN, clipping included, before the loss shows it: stop here instead.
+            if not math.isfinite(loss_value) or (
+                self.scaler is None and not math.isfinite(norm_value)
+            ):
                 self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteLossError(step, loss_value, self.last_checkpoint)
+                raise NonFiniteLossError(step, loss_value, self.last_checkpoint, norm_value)
             if self.scaler:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
@@ -232,7 +250,7 @@ class Trainer:
             "step": step,
             "loss": loss_value,
             "lr": lr,
-            "grad_norm": float(grad_norm),
+            "grad_norm": norm_value,
             "step_time_s": dt,
             "tokens_per_s": tps,
             "mfu": mfu(tps, self._flops_per_token, self._spec, self.policy.peak_dtype),
@@ -266,7 +284,10 @@ class Trainer:
             while self.step < target:
                 row = self.train_step()
                 done = self.step
-                if self.cfg.eval_every and (done % self.cfg.eval_every == 0 or done == target):
+                # Evaluate on the schedule and at the configured end (not at an intermediate
+                # `train(n)` target, so a stop-and-resume run matches an uninterrupted one).
+                end = self.cfg.steps
+                if self.cfg.eval_every and (done % self.cfg.eval_every == 0 or done == end):
                     row["val_loss"] = self.evaluate()
                 self.history.append(row)
                 bar.update(1)

@@ -66,7 +66,11 @@ def loss_curve(
             loss = [sum(loss[max(0, j - smooth + 1) : j + 1]) / len(loss[max(0, j - smooth + 1) : j + 1])
                     for j in range(len(loss))]  # fmt: skip
         ax.plot(steps, loss, color=color, label=f"{label} (train)")
-        val = [(s, r["val_loss"]) for s, r in zip(steps, history, strict=True) if r.get("val_loss")]
+        val = [
+            (s, r["val_loss"])
+            for s, r in zip(steps, history, strict=True)
+            if r.get("val_loss") is not None
+        ]
         if val:
             ax.plot(*zip(*val, strict=True), "o--", color=color, ms=5, lw=1, label=f"{label} (val)")
     ax.set_title(title)

@@ -1,19 +1,82 @@
-"""Measuring honestly: timing, throughput and MFU, memory, and profiler summaries."""
+"""Measuring honestly: timing, throughput and MFU, memory, FLOP counts, rooflines, profiler
+summaries, and the recorded-results format every benchmark writes."""
 
-from .memory import peak_memory_bytes, reset_peak_memory
+from .flops import count_flops, flops_by_op, train_step_flops
+from .memory import MemoryReport, memory_report, peak_memory_bytes, reset_peak_memory
 from .mfu import format_mfu, mfu, tokens_per_second
+from .policy_bench import benchmark_policies, make_step, run_policy
 from .profiler import OpStat, format_op_table, profile_top_ops
-from .timing import BenchResult, benchmark, synchronize
+from .results import (
+    environment_stamp,
+    latest_hopper_results,
+    load_results,
+    markdown_table,
+    results_label,
+    write_results,
+)
+from .roofline import (
+    Op,
+    Roof,
+    elementwise,
+    gemm,
+    measure_cpu_roof,
+    model_ops,
+    plot_roofline,
+    roof_from_spec,
+)
+from .timing import (
+    BenchResult,
+    benchmark,
+    l2_cache_bytes,
+    make_rotating_inputs,
+    naive_time,
+    synced_time,
+    synchronize,
+)
 
 __all__ = [
+    # timing
     "BenchResult",
     "benchmark",
     "synchronize",
+    "l2_cache_bytes",
+    "make_rotating_inputs",
+    "naive_time",
+    "synced_time",
+    # throughput and MFU
     "tokens_per_second",
     "mfu",
     "format_mfu",
+    # memory
     "peak_memory_bytes",
     "reset_peak_memory",
+    "MemoryReport",
+    "memory_report",
+    # FLOP counting
+    "count_flops",
+    "flops_by_op",
+    "train_step_flops",
+    # roofline
+    "Op",
+    "gemm",
+    "elementwise",
+    "Roof",
+    "roof_from_spec",
+    "measure_cpu_roof",
+    "model_ops",
+    "plot_roofline",
+    # recorded results
+    "environment_stamp",
+    "write_results",
+    "load_results",
+    "latest_hopper_results",
+    "results_label",
+    "markdown_table",
+    # precision-policy benchmark (benchmarks/precision.py, chapter 3)
+    "benchmark_policies",
+    "make_step",
+    "run_policy",
+    # profiler
     "OpStat",
     "profile_top_ops",
     "format_op_table",

@@ -1,0 +1,155 @@
+"""Tests for the command line, ``python -m tutorial_lib {info,train}``, mostly run in-process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tutorial_lib.__main__ import main
+from tutorial_lib.train import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def ci_preset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUTORIAL_PRESET", "ci")
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``main(argv)``'s exit status (argparse's SystemExit included), stdout and stderr."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---- info ----------------------------------------------------------------------------------
+
+
+def test_info_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["info"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    for prefix in ("device:", "spec:", "preset:  ci", "FP8 GEMMs:", "Transformer Engine:"):
+        assert any(line.startswith(prefix) for line in lines), (prefix, out)
+    assert "fp32" in out and "bf16" in out  # the precision policies
+
+
+def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["info", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert {"device", "preset", "fp8_gemms", "transformer_engine"} <= set(report)
+    assert report["preset"] == "ci"
+    for key in ("fp8_gemms", "transformer_engine"):
+        assert isinstance(report[key]["available"], bool) and report[key]["reason"]
+    assert {"fp32", "tf32", "bf16", "fp16"} <= set(report["precision_policies"])
+
+
+# ---- train and resume ----------------------------------------------------------------------
+
+
+def _train_args(out: Path, data: Path, steps: int, *extra: str) -> list[str]:
+    return [
+        "train", "--preset", "ci", "--steps", str(steps), "--batch-size", "2", "--data",
+        str(data), "--out", str(out), "--device", "cpu", "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+def test_train_then_resume(
+    tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    code, stdout, err = _run(_train_args(out, text_file, 4), capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "metrics.json"]
+    first = json.loads((out / "metrics.json").read_text())
+    assert [r["step"] for r in first] == [0, 1, 2, 3]
+    assert first[-1]["val_loss"] is not None  # validated at the end
+    assert load_checkpoint(out / "checkpoint.pt")["step"] == 4
+    assert "step 4: loss" in stdout
+
+    code, stdout, err = _run(_train_args(out, text_file, 6, "--resume"), capsys)
+    assert code == 0, err
+    assert "resumed from" in stdout and "at step 4" in stdout
+    second = json.loads((out / "metrics.json").read_text())
+    assert [r["step"] for r in second] == list(range(6))
+    assert second[:4] == first  # the first run's rows, untouched
+    assert load_checkpoint(out / "checkpoint.pt")["step"] == 6
+
+
+def test_resume_without_checkpoint_starts_fresh(
+    tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "fresh"
+    code, stdout, err = _run(_train_args(out, text_file, 2, "--resume"), capsys)
+    assert code == 0, err
+    assert "resumed" not in stdout
+    assert len(json.loads((out / "metrics.json").read_text())) == 2
+
+
+# ---- bad arguments -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["train", "--steps", "0", "--out", "x"], 2, "expected a positive integer, got 0"),
+        (["train", "--batch-size", "two", "--out", "x"], 2, "positive integer, got 'two'"),
+        (["train", "--steps", "3"], 2, "--out"),
+        (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+        ([], 2, "required"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(
+    argv: list[str], code: int, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == code
+    err = capsys.readouterr().err
+    assert message in err and "usage:" in err
+
+
+def test_unknown_precision_fails_cleanly(
+    tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _train_args(tmp_path / "p", text_file, 2, "--precision", "nope")
+    code, _, err = _run(argv, capsys)
+    assert code != 0
+    assert "Unknown precision policy 'nope'" in err and "bf16" in err
+    assert not (tmp_path / "p" / "checkpoint.pt").exists()
+
+
+def test_missing_data_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(_train_args(tmp_path / "d", Path("/nonexistent"), 2), capsys)
+    assert code != 0
+    assert err.startswith("error:") and "/nonexistent" in err and "does not exist" in err
+
+
+def test_negative_checkpoint_every_fails_cleanly(
+    tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _train_args(tmp_path / "c", text_file, 2, "--checkpoint-every", "-1")
+    code, _, err = _run(argv, capsys)
+    assert code != 0 and "checkpoint_every" in err
+
+
+# ---- as a program --------------------------------------------------------------------------
+
+
+def test_module_help_in_a_subprocess() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tutorial_lib", "--help"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "info" in proc.stdout and "train" in proc.stdout
+    assert proc.stdout.startswith("usage: python -m tutorial_lib")

@@ -1,0 +1,166 @@
+"""Interactive and static views of number formats for chapter 3: tables, an explorer, a plot.
+
+``rounding_explorer`` needs ``ipywidgets`` (the ``book`` extra) and imports it only when called;
+everything else needs only torch and matplotlib.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from .formats import FloatFormat, get_format, round_to_format
+
+__all__ = ["rounding_rows", "rounding_table_html", "rounding_explorer", "plot_spacing"]
+
+DEFAULT_FORMATS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def rounding_rows(
+    value: float, formats: Sequence[str | FloatFormat] = DEFAULT_FORMATS
+) -> list[dict[str, Any]]:
+    """What each format stores for ``value``: one row per format.
+
+    Keys: ``format`` (display name, e.g. "BF16"), ``rounded`` (the stored value, a float),
+    ``abs_error`` = |rounded - value|, ``rel_error`` = abs_error / |value| (0 for value 0; inf or
+    NaN once the value overflows), ``spacing`` (gap between neighbours at |value|, see
+    ``FloatFormat.spacing``). ``value`` is a Python float (float64), so even FP32 shows an error.
+    """
+    value = float(value)
+    rows = []
+    for name in formats:
+        fmt = get_format(name)
+        rounded = float(round_to_format(value, fmt))
+        abs_error = abs(rounded - value)
+        rel_error = abs_error / abs(value) if value != 0 else (0.0 if rounded == 0 else math.inf)
+        rows.append(
+            {
+                "format": fmt.name,
+                "rounded": rounded,
+                "abs_error": abs_error,
+                "rel_error": rel_error,
+                "spacing": fmt.spacing(value),
+            }
+        )
+    return rows
+
+
+def rounding_table_html(
+    value: float, formats: Sequence[str | FloatFormat] = DEFAULT_FORMATS
+) -> str:
+    """``rounding_rows`` as an HTML table (the explorer's output; also fine for a static page)."""
+    header = "".join(
+        f"<th style='text-align:right;padding:2px 8px'>{h}</th>"
+        for h in ("format", "stored value", "abs. error", "rel. error", "spacing")
+    )
+    body = []
+    for r in rounding_rows(value, formats):
+        cells = [r["format"], f"{r['rounded']:.10g}", f"{r['abs_error']:.3e}",
+                 f"{r['rel_error']:.3e}", f"{r['spacing']:.3e}"]  # fmt: skip
+        tds = "".join(
+            f"<td style='text-align:right;padding:2px 8px;font-family:monospace'>"
+            f"{html.escape(c)}</td>"
+            for c in cells
+        )
+        body.append(f"<tr>{tds}</tr>")
+    caption = f"<caption>x = {html.escape(repr(float(value)))} (float64)</caption>"
+    return f"<table>{caption}<thead><tr>{header}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _import_ipywidgets() -> Any:
+    try:
+        import ipywidgets
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "rounding_explorer needs ipywidgets: pip install 'tutorial_lib[book]' "
+            "(or pip install ipywidgets). rounding_rows gives the same numbers without it."
+        ) from err
+    return ipywidgets
+
+
+def rounding_explorer(
+    value: float = 1 / 3, formats: Sequence[str | FloatFormat] = DEFAULT_FORMATS
+) -> Any:
+    """A ``VBox``: type a number (or drag its magnitude on a log slider), see how each format
+    stores it. Children: ``[FloatText, FloatLogSlider, HTML]``.
+
+    The table is filled in before the widget is returned, so a page built from saved widget
+    state (no kernel) still shows the table for the initial ``value``.
+    """
+    widgets = _import_ipywidgets()
+    text = widgets.FloatText(value=value, description="x =")
+    slider = widgets.FloatLogSlider(
+        value=_slider_magnitude(value), base=10, min=-45, max=38.5, step=0.01,
+        description="|x|", readout_format=".3e", continuous_update=False,
+    )  # fmt: skip
+    table = widgets.HTML(value=rounding_table_html(value, formats))
+    busy = [False]  # guards against the text <-> slider echo
+
+    def on_text(change: dict[str, Any]) -> None:
+        table.value = rounding_table_html(change["new"], formats)
+        if not busy[0]:
+            busy[0] = True
+            slider.value = _slider_magnitude(change["new"])
+            busy[0] = False
+
+    def on_slider(change: dict[str, Any]) -> None:
+        if not busy[0]:
+            busy[0] = True
+            text.value = math.copysign(change["new"], text.value or 1.0)
+            busy[0] = False
+
+    text.observe(on_text, names="value")
+    slider.observe(on_slider, names="value")
+    return widgets.VBox([text, slider, table])
+
+
+def _slider_magnitude(value: float) -> float:
+    """|value| clamped into the slider's range (zero, inf and NaN show at an end)."""
+    a = abs(float(value))
+    if math.isnan(a) or a == 0:
+        return 1e-45
+    return min(max(a, 1e-45), 10**38.5)
+
+
+def _spacing_steps(fmt: FloatFormat) -> tuple[list[float], list[float]]:
+    """Step-curve corners: the gap is min_subnormal below min_normal, then doubles per binade."""
+    xs = [fmt.min_subnormal]
+    ys = [fmt.min_subnormal]
+    for e in range(fmt.emin, fmt.emax + 1):
+        xs.append(2.0**e)
+        ys.append(2.0 ** (e - fmt.man_bits))
+    xs.append(fmt.max)
+    ys.append(ys[-1])
+    return xs, ys
+
+
+def plot_spacing(
+    formats: Sequence[str | FloatFormat] = DEFAULT_FORMATS, ax: Axes | None = None
+) -> Figure:
+    """Gap between neighbouring representable numbers vs magnitude, log-log, one step curve per
+    format from its smallest subnormal to its max.
+
+    The flat start is the subnormal range (a constant gap); after that the gap doubles every
+    binade, so the *relative* gap stays near 2^-man_bits: range comes from the exponent bits,
+    precision from the mantissa bits. Call ``viz.use_book_style()`` first for the book's look.
+    """
+    if ax is None:
+        _, ax = plt.subplots()
+    for name in formats:
+        fmt = get_format(name)
+        xs, ys = _spacing_steps(fmt)
+        label = f"{fmt.name} ({fmt.exp_bits}e{fmt.man_bits}m, max {fmt.max:.3g})"
+        ax.step(xs, ys, where="post", label=label)
+    ax.set_xscale("log", base=10)
+    ax.set_yscale("log", base=10)
+    ax.set_title("Spacing between representable numbers")
+    ax.set_xlabel("magnitude |x| (dimensionless, log scale)")
+    ax.set_ylabel("gap to the next number (same units as x)")
+    ax.legend()
+    return ax.figure  # type: ignore[return-value]
