@@ -81,9 +81,12 @@ def test_plot_spacing_one_step_curve_per_format() -> None:
     assert ax.get_xscale() == ax.get_yscale() == "log"
     assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
     fp16 = lines[3].get_xydata()
-    assert fp16[0, 0] == fp16[0, 1] == FP16.min_subnormal  # the flat subnormal stretch
-    assert fp16[1, 0] == FP16.min_normal and fp16[1, 1] == FP16.min_subnormal
-    assert fp16[-1, 0] == FP16.max and fp16[-1, 1] == 32.0
+    # Spans the subnormals to max; relative gap 1 at the smallest subnormal, and in the normal
+    # range between 2^-11 and 2^-10 (10 mantissa bits).
+    assert fp16[0, 0] == pytest.approx(FP16.min_subnormal) and fp16[0, 1] == pytest.approx(1.0)
+    assert fp16[-1, 0] == pytest.approx(FP16.max, rel=1e-3)
+    normal = fp16[fp16[:, 0] >= FP16.min_normal]
+    assert ((normal[:, 1] > 2.0**-11) & (normal[:, 1] <= 2.0**-10)).all()
     matplotlib.pyplot.close(fig)
 
 

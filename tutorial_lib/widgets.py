@@ -128,39 +128,31 @@ def _slider_magnitude(value: float) -> float:
     return min(max(a, 1e-45), 10**38.5)
 
 
-def _spacing_steps(fmt: FloatFormat) -> tuple[list[float], list[float]]:
-    """Step-curve corners: the gap is min_subnormal below min_normal, then doubles per binade."""
-    xs = [fmt.min_subnormal]
-    ys = [fmt.min_subnormal]
-    for e in range(fmt.emin, fmt.emax + 1):
-        xs.append(2.0**e)
-        ys.append(2.0 ** (e - fmt.man_bits))
-    xs.append(fmt.max)
-    ys.append(ys[-1])
-    return xs, ys
-
-
 def plot_spacing(
     formats: Sequence[str | FloatFormat] = DEFAULT_FORMATS, ax: Axes | None = None
 ) -> Figure:
-    """Gap between neighbouring representable numbers vs magnitude, log-log, one step curve per
-    format from its smallest subnormal to its max.
+    """*Relative* gap between neighbouring representable numbers vs magnitude, log-log, one step
+    curve per format from its smallest subnormal to its max.
 
-    The flat start is the subnormal range (a constant gap); after that the gap doubles every
-    binade, so the *relative* gap stays near 2^-man_bits: range comes from the exponent bits,
-    precision from the mantissa bits. Call ``viz.use_book_style()`` first for the book's look.
+    In the normal range the gap doubles every binade, so the relative gap (gap / |x|) stays
+    between 2^-man_bits and 2^-(man_bits+1): a flat band whose height is the precision and whose
+    width is the range. In the subnormal range the gap is constant, so the relative gap rises
+    towards 1 at the smallest subnormal. Call ``viz.use_book_style()`` first for the book's look.
     """
     if ax is None:
         _, ax = plt.subplots()
     for name in formats:
         fmt = get_format(name)
-        xs, ys = _spacing_steps(fmt)
+        lo, hi = math.log10(fmt.min_subnormal), math.log10(fmt.max)
+        xs = [10 ** (lo + (hi - lo) * i / 1999) for i in range(2000)]
+        xs[-1] = fmt.max * (1 - 2.0 ** -(fmt.man_bits + 2))  # just below max: finite gap
+        rel = [fmt.spacing(x) / x for x in xs]
         label = f"{fmt.name} ({fmt.exp_bits}e{fmt.man_bits}m, max {fmt.max:.3g})"
-        ax.step(xs, ys, where="post", label=label)
+        ax.plot(xs, rel, label=label, lw=1.2)
     ax.set_xscale("log", base=10)
     ax.set_yscale("log", base=10)
-    ax.set_title("Spacing between representable numbers")
-    ax.set_xlabel("magnitude |x| (dimensionless, log scale)")
-    ax.set_ylabel("gap to the next number (same units as x)")
-    ax.legend()
+    ax.set_title("Relative gap between representable numbers")
+    ax.set_xlabel("magnitude |x| (log scale)")
+    ax.set_ylabel("gap to the next number / |x|")
+    ax.legend(fontsize=8)
     return ax.figure  # type: ignore[return-value]

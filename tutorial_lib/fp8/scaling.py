@@ -1,0 +1,434 @@
+"""Delayed scaling: Transformer Engine's FP8 recipe, its state, and its update rule, on any device.
+
+A quantized tensor needs a scale that maps its largest magnitude (its *amax*) near the format's
+max. Delayed scaling uses the amaxes of earlier steps: each quantize records the amax of the
+unscaled tensor into row 0 of an ``(L, n)`` history (one column per tensor of a module), and
+after the step ``update_amax_and_scale`` turns the history into next step's scales. Names,
+defaults and every rounding follow TE 2.x (``transformer_engine/common/recipe/__init__.py``,
+``transformer_engine/common/recipe/delayed_scaling.cu``, ``transformer_engine/pytorch/
+quantization.py``), so a reader can move between the two without translation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from typing import Any
+
+import torch
+
+from .formats import E4M3 as _E4M3
+from .formats import E5M2 as _E5M2
+from .formats import FP8Format
+
+__all__ = [
+    "Format",
+    "DelayedScaling",
+    "AmaxAlgo",
+    "FP8FwdTensors",
+    "FP8BwdTensors",
+    "GEMM1_INPUT",
+    "GEMM1_WEIGHT",
+    "GEMM1_OUTPUT",
+    "GRAD_OUTPUT1",
+    "GRAD_INPUT1",
+    "FLT_MAX",
+    "update_amax_and_scale",
+    "ScalingMeta",
+    "FP8ModuleState",
+    "reduce_amax",
+]
+
+FLT_MAX = torch.finfo(torch.float32).max  # an infinite new scale becomes this (TE)
+AMAX_ALGOS = ("max", "most_recent")
+AmaxAlgo = str | Callable[[torch.Tensor], torch.Tensor]  # "max", "most_recent", or (L, n) -> (n,)
+
+
+class Format(Enum):
+    """FP8 formats of a recipe, as (forward format, backward format).
+
+    Values:
+        E4M3: every FP8 tensor in E4M3.
+        HYBRID: E4M3 in the forward pass (activations, weights), E5M2 in the backward pass
+            (gradients). TE's default.
+        E5M2: every FP8 tensor in E5M2. Exists, but recipes reject it (as TE's do).
+    """
+
+    E4M3 = (_E4M3, _E4M3)
+    HYBRID = (_E4M3, _E5M2)
+    E5M2 = (_E5M2, _E5M2)
+
+    @property
+    def fwd(self) -> FP8Format:
+        return self.value[0]
+
+    @property
+    def bwd(self) -> FP8Format:
+        return self.value[1]
+
+    @property
+    def max_fwd(self) -> float:
+        return self.fwd.max
+
+    @property
+    def max_bwd(self) -> float:
+        return self.bwd.max
+
+
+class FP8FwdTensors(IntEnum):
+    """Columns of a module's forward history (TE ``csrc/common.h``): 3 tensors per GEMM."""
+
+    GEMM1_INPUT = 0
+    GEMM1_WEIGHT = 1
+    GEMM1_OUTPUT = 2
+    GEMM2_INPUT = 3
+    GEMM2_WEIGHT = 4
+    GEMM2_OUTPUT = 5
+
+
+class FP8BwdTensors(IntEnum):
+    """Columns of a module's backward history (TE ``csrc/common.h``): 2 tensors per GEMM."""
+
+    GRAD_OUTPUT1 = 0
+    GRAD_INPUT1 = 1
+    GRAD_OUTPUT2 = 2
+    GRAD_INPUT2 = 3
+
+
+GEMM1_INPUT = int(FP8FwdTensors.GEMM1_INPUT)
+GEMM1_WEIGHT = int(FP8FwdTensors.GEMM1_WEIGHT)
+GEMM1_OUTPUT = int(FP8FwdTensors.GEMM1_OUTPUT)
+GRAD_OUTPUT1 = int(FP8BwdTensors.GRAD_OUTPUT1)
+GRAD_INPUT1 = int(FP8BwdTensors.GRAD_INPUT1)
+FWD_TENSORS_PER_GEMM, BWD_TENSORS_PER_GEMM = 3, 2
+
+
+@dataclass
+class DelayedScaling:
+    """The delayed-scaling recipe: scales from the amax history of earlier steps.
+
+    Format:
+        fp8_format: Format.HYBRID (default) or Format.E4M3. Format.E5M2 is rejected: pure E5M2
+            training is not supported, as in TE.
+        margin: the scale maps the amax to ``fp8_max * 2**-margin``; each unit of margin
+            leaves one more binade of headroom. Integer >= 0.
+    History:
+        amax_history_len: rows L of the history (steps remembered), >= 1.
+        amax_compute_algo: "max" (largest amax in the window), "most_recent" (this step's),
+            or a callable taking the ``(L, n)`` float32 history (row 0 = this step) and
+            returning the ``(n,)`` amaxes.
+    Distributed:
+        reduce_amax: MAX all-reduce this step's amaxes over the autocast's group before the
+            update, so that every rank gets the same scales.
+    Attention (accepted for TE compatibility; unused here):
+        fp8_dpa: FP8 dot-product attention. fp8_mha: FP8 multi-head attention.
+    TE also takes ``scaling_factor_compute_algo`` (a custom amax -> scale function); this
+    package always uses the built-in rule (``update_amax_and_scale``).
+    """
+
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: AmaxAlgo = "max"
+    reduce_amax: bool = True
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fp8_format, Format):
+            raise TypeError(f"fp8_format must be a Format, got {self.fp8_format!r}.")
+        if self.fp8_format is Format.E5M2:
+            raise ValueError(
+                "DelayedScaling: pure E5M2 training is not supported (as in Transformer "
+                "Engine). Use fp8_format=Format.HYBRID (E4M3 forward, E5M2 gradients) or "
+                "Format.E4M3."
+            )
+        if not _is_int(self.margin) or self.margin < 0:
+            raise ValueError(
+                f"DelayedScaling: margin must be an integer >= 0, got {self.margin!r}."
+            )
+        if not _is_int(self.amax_history_len) or self.amax_history_len < 1:
+            raise ValueError(
+                f"DelayedScaling: amax_history_len must be an integer >= 1, got "
+                f"{self.amax_history_len!r}."
+            )
+        _check_algo(self.amax_compute_algo)
+
+    @property
+    def fwd_format(self) -> FP8Format:
+        """Format of forward-pass tensors (input, weight, output)."""
+        return self.fp8_format.fwd
+
+    @property
+    def bwd_format(self) -> FP8Format:
+        """Format of backward-pass tensors (grad_output, grad_input)."""
+        return self.fp8_format.bwd
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_algo(algo: object) -> None:
+    if not callable(algo) and algo not in AMAX_ALGOS:
+        raise ValueError(
+            f"amax_compute_algo must be 'max', 'most_recent' or a callable "
+            f"(history (L, n) -> amax (n,)), got {algo!r}."
+        )
+
+
+# ---- the update rule -------------------------------------------------------------------------
+def _check_state(amax_history: torch.Tensor, **vectors: torch.Tensor | None) -> None:
+    """``amax_history`` float32 of shape (L >= 1, n); each named vector float32 of shape (n,)."""
+    if amax_history.dim() != 2 or amax_history.shape[0] < 1:
+        raise ValueError(
+            f"amax_history must have shape (L >= 1, n), got {tuple(amax_history.shape)}."
+        )
+    n = amax_history.shape[1]
+    for name, t in {"amax_history": amax_history, **vectors}.items():
+        if t is not None and t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}.")
+        if t is not None and t is not amax_history and tuple(t.shape) != (n,):
+            raise ValueError(
+                f"{name} must have shape ({n},) to match amax_history, got {tuple(t.shape)}."
+            )
+
+
+def _scaled_max(fp8_max: float, margin: int, like: torch.Tensor) -> torch.Tensor:
+    """``fp8_max * 2**-margin`` as TE forms it: float32 product of float32 ``fp8_max`` and
+    ``powf(2, -margin)`` (exact for integer margins), as an ``(n,)`` tensor."""
+    f32 = {"dtype": torch.float32, "device": like.device}
+    product = torch.tensor(fp8_max, **f32) * torch.tensor(2.0**-margin, **f32)
+    return product.expand(like.shape[-1]).clone()
+
+
+def _new_scale(amax: torch.Tensor, scale: torch.Tensor, scaled_max: torch.Tensor) -> torch.Tensor:
+    usable = torch.isfinite(amax) & (amax > 0)
+    # tensor / tensor: a true float32 division (a Python float / tensor may be off by an ulp).
+    quotient = scaled_max / torch.where(usable, amax, torch.ones_like(amax))
+    new = torch.where(usable, quotient, scale)
+    return torch.where(torch.isinf(new), torch.full_like(new, FLT_MAX), new)
+
+
+def _rolled(history: torch.Tensor, current: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(window, new history): window = rows 1..L-1 then ``current``; the new history is that
+    window with its row 0 cleared for the next step's amax."""
+    window = torch.cat([history[1:], current[None]])
+    return window, torch.cat([torch.zeros_like(current)[None], window[1:]])
+
+
+def update_amax_and_scale(
+    amax_history: torch.Tensor,
+    scale: torch.Tensor,
+    fp8_max: float,
+    margin: int,
+    amax_compute_algo: AmaxAlgo,
+    reduced_amax: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One delayed-scaling update: ``(new_history (L, n), new_scale (n,))``; inputs untouched.
+
+    For "max" and "most_recent" this is bit for bit TE's fused kernel (``kernel_bulk`` in
+    ``transformer_engine/common/recipe/delayed_scaling.cu``), per column:
+    Current amax:
+        ``reduced_amax`` where it is given and non-zero, else row 0 (TE passes the all-reduced
+        copy of row 0 as ``amax_reduction_buffer`` and tests each element).
+    History:
+        if current != 0 (NaN counts as non-zero, -0 as zero), row i <- row i+1, the last row
+        <- current, then row 0 <- 0, ready for the next step. If current == 0 nothing changes.
+    Amax:
+        "max": the maximum of the window (old rows 1..L-1 and current) taken like CUDA's
+        ``fmaxf`` starting from 0, so NaN entries are ignored and negatives give 0; if current
+        == 0 the amax is 0 (the history is not consulted). "most_recent": the current amax.
+    Scale:
+        ``scaled_max / amax`` in float32, where ``scaled_max = float32(fp8_max) * powf(2,
+        -margin)`` (exactly ``fp8_max * 2**-margin``), if amax is finite and > 0; else the old
+        scale. An infinite result (a tiny or subnormal amax; or an inf old scale) becomes
+        FLT_MAX. TE's docs write ``(fp8_max / amax) / 2**margin``, which its unfused Python path
+        computes; it can differ where ``fp8_max / amax`` overflows but the kernel's quotient
+        does not, and by an ulp (Python float / tensor is a reciprocal times the float).
+    Callable algos follow TE's unfused path (``_amax_and_scale_update`` in ``quantization.py``):
+        row 0 is set to the current amax, the callable sees that ``(L, n)`` history (a copy),
+        and the history always rolls, even when the current amax is 0. The scale uses the
+        kernel's arithmetic above.
+    """
+    _check_state(amax_history, scale=scale, reduced_amax=reduced_amax)
+    _check_algo(amax_compute_algo)
+    row0 = amax_history[0]
+    current = row0 if reduced_amax is None else torch.where(reduced_amax != 0, reduced_amax, row0)
+    window, rolled = _rolled(amax_history, current)
+    if callable(amax_compute_algo):
+        amax = _callable_amax(amax_compute_algo, torch.cat([current[None], amax_history[1:]]))
+        new_history = rolled
+    else:
+        roll = current != 0
+        new_history = torch.where(roll, rolled, amax_history)
+        if amax_compute_algo == "most_recent":
+            amax = current
+        else:  # "max": fmaxf from 0 over the window, only when the history rolls
+            window_max = torch.where(torch.isnan(window), 0.0, window).amax(dim=0).clamp(min=0.0)
+            amax = torch.where(roll, window_max, torch.zeros_like(window_max))
+    new_scale = _new_scale(amax, scale, _scaled_max(fp8_max, margin, amax_history))
+    return new_history, new_scale
+
+
+def _callable_amax(
+    algo: Callable[[torch.Tensor], torch.Tensor], history: torch.Tensor
+) -> torch.Tensor:
+    amax = algo(history.clone())
+    if not isinstance(amax, torch.Tensor) or tuple(amax.shape) != (history.shape[1],):
+        got = tuple(amax.shape) if isinstance(amax, torch.Tensor) else type(amax).__name__
+        raise ValueError(
+            f"amax_compute_algo must return a tensor of shape ({history.shape[1]},), got {got}."
+        )
+    return amax.to(torch.float32)
+
+
+# ---- state -----------------------------------------------------------------------------------
+@dataclass
+class ScalingMeta:
+    """The delayed-scaling state of one group of n tensors (TE's ``fp8_meta["scaling_fwd"]``).
+
+    Tensors (float32, one device):
+        amax_history: (L, n); row 0 collects this step's amaxes, rows 1.. are earlier steps.
+        scale: (n,) multiplies a tensor before the FP8 cast. scale_inv: (n,) = 1 / scale.
+    Fresh state (``create``) has a zero history and unit scales, as in TE.
+    """
+
+    amax_history: torch.Tensor
+    scale: torch.Tensor
+    scale_inv: torch.Tensor
+
+    def __post_init__(self) -> None:
+        _check_state(self.amax_history, scale=self.scale, scale_inv=self.scale_inv)
+
+    @classmethod
+    def create(
+        cls, num_tensors: int, history_len: int, device: torch.device | str | None = None
+    ) -> ScalingMeta:
+        f32 = {"dtype": torch.float32, "device": device}
+        return cls(
+            amax_history=torch.zeros(history_len, num_tensors, **f32),
+            scale=torch.ones(num_tensors, **f32),
+            scale_inv=torch.ones(num_tensors, **f32),
+        )
+
+    @property
+    def num_tensors(self) -> int:
+        return self.amax_history.shape[1]
+
+    @property
+    def history_len(self) -> int:
+        return self.amax_history.shape[0]
+
+    def record_amax(self, index: int, tensor: torch.Tensor) -> None:
+        """Fold ``max|tensor|`` (unscaled, float32) into row 0, column ``index``.
+
+        As TE's cast kernels (``atomicMaxFloat`` on the history slot, never reset before a
+        delayed-scaling cast), a tensor quantized twice in one step keeps the larger amax, and
+        NaN elements are skipped (``fmaxf``); inf is recorded.
+        """
+        a = tensor.detach().to(torch.float32).abs()
+        amax = torch.where(torch.isnan(a), 0.0, a).amax() if a.numel() else a.new_zeros(())
+        slot = self.amax_history[0, index]
+        slot.copy_(torch.maximum(slot, amax.to(slot.device)))
+
+    def update(
+        self, recipe: DelayedScaling, fp8_max: float, reduced_amax: torch.Tensor | None = None
+    ) -> None:
+        """Apply ``update_amax_and_scale`` in place (views of these tensors stay valid)."""
+        history, scale = update_amax_and_scale(
+            self.amax_history,
+            self.scale,
+            fp8_max,
+            recipe.margin,
+            recipe.amax_compute_algo,
+            reduced_amax,
+        )
+        self.amax_history.copy_(history)
+        self.scale.copy_(scale)
+        self.scale_inv.copy_(torch.ones_like(scale) / scale)  # tensor / tensor, as TE's 1 / scale
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {
+            k: getattr(self, k).detach().clone() for k in ("amax_history", "scale", "scale_inv")
+        }
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], name: str = "ScalingMeta") -> None:
+        """Copy a ``state_dict`` in; shapes must match (history length L and tensor count n)."""
+        missing = {"amax_history", "scale", "scale_inv"} - set(state)
+        if missing:
+            raise KeyError(f"{name}: state is missing {sorted(missing)}.")
+        saved = tuple(state["amax_history"].shape)
+        if saved[1:] != (self.num_tensors,):
+            raise ValueError(
+                f"{name}: the checkpoint holds {saved[1] if len(saved) > 1 else '?'} FP8 tensors "
+                f"per group but this module has {self.num_tensors}; was it saved from a module with "
+                "a different number of GEMMs?"
+            )
+        if saved[0] != self.history_len:
+            raise ValueError(
+                f"{name}: the checkpoint's amax history has length {saved[0]}, this module's has "
+                f"{self.history_len}. Build the module under DelayedScaling(amax_history_len="
+                f"{saved[0]}) before loading, then change the recipe if you must."
+            )
+        for key in ("amax_history", "scale", "scale_inv"):
+            getattr(self, key).copy_(state[key])
+
+
+@dataclass
+class FP8ModuleState:
+    """A module's forward (input, weight, output per GEMM) and backward (grad_output,
+    grad_input per GEMM) scaling state; column indices in ``FP8FwdTensors``/``FP8BwdTensors``."""
+
+    forward: ScalingMeta
+    backward: ScalingMeta
+
+    @classmethod
+    def from_recipe(
+        cls, recipe: DelayedScaling, num_gemms: int = 1, device: torch.device | str | None = None
+    ) -> FP8ModuleState:
+        return cls(
+            forward=ScalingMeta.create(
+                FWD_TENSORS_PER_GEMM * num_gemms, recipe.amax_history_len, device
+            ),
+            backward=ScalingMeta.create(
+                BWD_TENSORS_PER_GEMM * num_gemms, recipe.amax_history_len, device
+            ),
+        )
+
+    def update(
+        self, recipe: DelayedScaling, forward: bool, reduced_amax: torch.Tensor | None = None
+    ) -> None:
+        """Update the forward (``fwd_format.max``) or backward (``bwd_format.max``) group."""
+        if forward:
+            self.forward.update(recipe, recipe.fwd_format.max, reduced_amax)
+        else:
+            self.backward.update(recipe, recipe.bwd_format.max, reduced_amax)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"forward": self.forward.state_dict(), "backward": self.backward.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != {"forward", "backward"}:
+            raise KeyError(
+                f"FP8ModuleState: expected keys 'forward' and 'backward', got {sorted(state)}."
+            )
+        self.forward.load_state_dict(state["forward"], name="FP8ModuleState.forward")
+        self.backward.load_state_dict(state["backward"], name="FP8ModuleState.backward")
+
+
+# ---- distributed -----------------------------------------------------------------------------
+def reduce_amax(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """A copy of ``tensor`` MAX-all-reduced over ``group`` (default: the world), as TE reduces
+    the amaxes of a step over ``amax_reduction_group``.
+
+    Only when ``torch.distributed`` is initialized and the group has more than one rank;
+    otherwise an unchanged copy. Typical use: ``meta.update(recipe, fp8_max,
+    reduced_amax=reduce_amax(meta.amax_history[0], group))``.
+    """
+    out = tensor.detach().clone()
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    return out
