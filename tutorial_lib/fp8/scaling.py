@@ -75,6 +75,9 @@ class Format(Enum):
     def max_bwd(self) -> float:
         return self.bwd.max
 
+    def __repr__(self) -> str:
+        return f"Format.{self.name}"
+
 
 class FP8FwdTensors(IntEnum):
     """Columns of a module's forward history (TE ``csrc/common.h``): 3 tensors per GEMM."""
@@ -96,11 +99,8 @@ class FP8BwdTensors(IntEnum):
     GRAD_INPUT2 = 3
 
 
-GEMM1_INPUT = int(FP8FwdTensors.GEMM1_INPUT)
-GEMM1_WEIGHT = int(FP8FwdTensors.GEMM1_WEIGHT)
-GEMM1_OUTPUT = int(FP8FwdTensors.GEMM1_OUTPUT)
-GRAD_OUTPUT1 = int(FP8BwdTensors.GRAD_OUTPUT1)
-GRAD_INPUT1 = int(FP8BwdTensors.GRAD_INPUT1)
+GEMM1_INPUT, GEMM1_WEIGHT, GEMM1_OUTPUT = 0, 1, 2  # = FP8FwdTensors.GEMM1_*
+GRAD_OUTPUT1, GRAD_INPUT1 = 0, 1  # = FP8BwdTensors.GRAD_*1
 FWD_TENSORS_PER_GEMM, BWD_TENSORS_PER_GEMM = 3, 2
 
 
@@ -272,9 +272,7 @@ def update_amax_and_scale(
     return new_history, new_scale
 
 
-def _callable_amax(
-    algo: Callable[[torch.Tensor], torch.Tensor], history: torch.Tensor
-) -> torch.Tensor:
+def _callable_amax(algo: Callable, history: torch.Tensor) -> torch.Tensor:
     amax = algo(history.clone())
     if not isinstance(amax, torch.Tensor) or tuple(amax.shape) != (history.shape[1],):
         got = tuple(amax.shape) if isinstance(amax, torch.Tensor) else type(amax).__name__
@@ -285,6 +283,9 @@ def _callable_amax(
 
 
 # ---- state -----------------------------------------------------------------------------------
+_META_KEYS = ("amax_history", "scale", "scale_inv")
+
+
 @dataclass
 class ScalingMeta:
     """The delayed-scaling state of one group of n tensors (TE's ``fp8_meta["scaling_fwd"]``).
@@ -337,26 +338,20 @@ class ScalingMeta:
         self, recipe: DelayedScaling, fp8_max: float, reduced_amax: torch.Tensor | None = None
     ) -> None:
         """Apply ``update_amax_and_scale`` in place (views of these tensors stay valid)."""
+        algo, margin = recipe.amax_compute_algo, recipe.margin
         history, scale = update_amax_and_scale(
-            self.amax_history,
-            self.scale,
-            fp8_max,
-            recipe.margin,
-            recipe.amax_compute_algo,
-            reduced_amax,
+            self.amax_history, self.scale, fp8_max, margin, algo, reduced_amax
         )
         self.amax_history.copy_(history)
         self.scale.copy_(scale)
         self.scale_inv.copy_(torch.ones_like(scale) / scale)  # tensor / tensor, as TE's 1 / scale
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {
-            k: getattr(self, k).detach().clone() for k in ("amax_history", "scale", "scale_inv")
-        }
+        return {key: getattr(self, key).detach().clone() for key in _META_KEYS}
 
     def load_state_dict(self, state: dict[str, torch.Tensor], name: str = "ScalingMeta") -> None:
         """Copy a ``state_dict`` in; shapes must match (history length L and tensor count n)."""
-        missing = {"amax_history", "scale", "scale_inv"} - set(state)
+        missing = set(_META_KEYS) - set(state)
         if missing:
             raise KeyError(f"{name}: state is missing {sorted(missing)}.")
         saved = tuple(state["amax_history"].shape)
@@ -372,7 +367,7 @@ class ScalingMeta:
                 f"{self.history_len}. Build the module under DelayedScaling(amax_history_len="
                 f"{saved[0]}) before loading, then change the recipe if you must."
             )
-        for key in ("amax_history", "scale", "scale_inv"):
+        for key in _META_KEYS:
             getattr(self, key).copy_(state[key])
 
 
@@ -388,14 +383,9 @@ class FP8ModuleState:
     def from_recipe(
         cls, recipe: DelayedScaling, num_gemms: int = 1, device: torch.device | str | None = None
     ) -> FP8ModuleState:
-        return cls(
-            forward=ScalingMeta.create(
-                FWD_TENSORS_PER_GEMM * num_gemms, recipe.amax_history_len, device
-            ),
-            backward=ScalingMeta.create(
-                BWD_TENSORS_PER_GEMM * num_gemms, recipe.amax_history_len, device
-            ),
-        )
+        length = recipe.amax_history_len
+        fwd = ScalingMeta.create(FWD_TENSORS_PER_GEMM * num_gemms, length, device)
+        return cls(fwd, ScalingMeta.create(BWD_TENSORS_PER_GEMM * num_gemms, length, device))
 
     def update(
         self, recipe: DelayedScaling, forward: bool, reduced_amax: torch.Tensor | None = None
