@@ -34,7 +34,7 @@ help:
 	@echo "make clean  - remove build outputs (keeps .venv; 'make distclean' removes it too)"
 	@echo "TORCH=$(TORCH) (auto|cpu|system)"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/fetch_te_source.py
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 ifeq ($(TORCH),cpu)
@@ -44,6 +44,7 @@ else
 	  || (echo "TORCH=system but no torch importable from $(PYTHON); install a CUDA torch first (environment.yml)"; exit 1)
 endif
 	$(VPY) -m pip install --quiet -e ".[dev,book]"
+	$(VPY) scripts/fetch_te_source.py  # TE's pure-Python source, for the API contract test
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -82,4 +83,4 @@ clean:
 	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) book/_vendor
+	rm -rf $(VENV) book/_vendor .cache

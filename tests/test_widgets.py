@@ -94,3 +94,33 @@ def test_plot_spacing_on_given_axes() -> None:
     fig, ax = matplotlib.pyplot.subplots()
     assert plot_spacing(["bf16"], ax=ax) is fig and len(ax.get_lines()) == 1
     matplotlib.pyplot.close(fig)
+
+
+def test_plot_fp8_histogram_reports_saturation() -> None:
+    import torch
+
+    from tutorial_lib.widgets import plot_fp8_histogram
+
+    x = torch.linspace(-1000.0, 1000.0, 1001)
+    fig = plot_fp8_histogram(x, "e4m3", 1.0)  # |x| > 448 saturates: 552 of 1001 values
+    text = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert "saturated 55.14%" in text
+    assert fig.axes[0].get_xlabel() == "log2 |x * scale|"
+    matplotlib.pyplot.close(fig)
+
+
+def test_fp8_explorer_redraws_on_change() -> None:
+    import torch
+
+    from tutorial_lib.widgets import fp8_explorer
+
+    tensors = {"a": torch.randn(500), "b": torch.randn(500) * 1e-4}
+    box = fp8_explorer(tensors)
+    (pick, fmt), shift, out = box.children[0].children, box.children[1], box.children[2]
+    first = out.value
+    assert first.startswith("<img src='data:image/png;base64,")
+    shift.value = -20
+    assert out.value != first
+    fmt.value = "e5m2"
+    pick.value = "b"
+    assert out.value.startswith("<img")

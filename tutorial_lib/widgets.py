@@ -6,18 +6,28 @@ everything else needs only torch and matplotlib.
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
+import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from .formats import FloatFormat, get_format, round_to_format
 
-__all__ = ["rounding_rows", "rounding_table_html", "rounding_explorer", "plot_spacing"]
+__all__ = [
+    "rounding_rows",
+    "rounding_table_html",
+    "rounding_explorer",
+    "plot_spacing",
+    "plot_fp8_histogram",
+    "fp8_explorer",
+]
 
 DEFAULT_FORMATS = ("fp32", "tf32", "bf16", "fp16")
 
@@ -156,3 +166,72 @@ def plot_spacing(
     ax.set_ylabel("gap to the next number / |x|")
     ax.legend(fontsize=8)
     return ax.figure  # type: ignore[return-value]
+
+
+def plot_fp8_histogram(
+    x: torch.Tensor, fmt: str | FloatFormat, scale: float, ax: Axes | None = None, title: str = ""
+) -> Figure:
+    """Histogram of log2|x * scale| (non-zero values) against the FP8 format's window.
+
+    Shaded: above ``max`` the values saturate; below the smallest subnormal they flush to zero;
+    between the smallest subnormal and ``min_normal`` they lose precision. The text box gives
+    ``fp8.stats.quant_stats`` for this scale.
+    """
+    from .fp8.formats import get_fp8_format
+    from .fp8.stats import quant_stats
+
+    fp8 = get_fp8_format(fmt)
+    if ax is None:
+        _, ax = plt.subplots()
+    v = (x.detach().float().flatten() * scale).abs()
+    logs = torch.log2(v[v > 0]).clamp(-60, 60).numpy()
+    lo, hi = math.log2(fp8.min_subnormal), math.log2(fp8.max)
+    ax.hist(logs, bins=120, color="C1", alpha=0.85)
+    ax.axvspan(hi, max(hi + 1, logs.max() + 1 if logs.size else hi + 1), color="C2", alpha=0.15)
+    ax.axvspan(min(lo - 1, logs.min() - 1 if logs.size else lo - 1), lo, color="C3", alpha=0.15)
+    ax.axvspan(lo, math.log2(fp8.min_normal), color="0.5", alpha=0.12)
+    for xv, label in ((hi, "max"), (math.log2(fp8.min_normal), "min normal"), (lo, "min sub.")):
+        ax.axvline(xv, color="0.3", lw=1, ls="--")
+        ax.annotate(label, (xv, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
+                    rotation=90, va="top", ha="right")  # fmt: skip
+    st = quant_stats(x, fp8, scale)
+    ax.text(0.30, 0.97, f"saturated {st.saturated:.2%}\nflushed {st.flushed:.2%}\n"
+            f"rel. RMS error {st.rel_rmse:.3f}", transform=ax.transAxes, va="top", fontsize=8,
+            bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"})  # fmt: skip
+    ax.set(title=title or f"{fp8.name} at scale 2^{math.log2(scale):.1f}",
+           xlabel="log2 |x * scale|", ylabel="count")  # fmt: skip
+    return ax.figure  # type: ignore[return-value]
+
+
+def _figure_html(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return f"<img src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'/>"
+
+
+def fp8_explorer(tensors: Mapping[str, torch.Tensor], fmt: str = "e4m3", shift: int = 0) -> Any:
+    """Pick a tensor, a format and a scale (as a power-of-two shift from the scale that maps the
+    tensor's amax onto the format's max) and see its histogram against the format's window.
+
+    The figure is an embedded PNG inside an HTML widget, drawn before this returns, so the saved
+    widget state shows it on a static page; ``plot_fp8_histogram`` is the plain-function form.
+    """
+    from .fp8.stats import scale_for
+
+    w = _import_ipywidgets()
+    names = list(tensors)
+    pick = w.Dropdown(options=names, value=names[0], description="tensor")
+    fmt_w = w.ToggleButtons(options=["e4m3", "e5m2"], value=fmt, description="format")
+    shift_w = w.IntSlider(value=shift, min=-24, max=12, description="log2 shift")
+    out = w.HTML()
+
+    def redraw(_change: object = None) -> None:
+        x = tensors[pick.value]
+        scale = scale_for(x.abs().max().item(), fmt_w.value) * 2.0**shift_w.value
+        out.value = _figure_html(plot_fp8_histogram(x, fmt_w.value, scale, title=pick.value))
+
+    for widget in (pick, fmt_w, shift_w):
+        widget.observe(redraw, names="value")
+    redraw()
+    return w.VBox([w.HBox([pick, fmt_w]), shift_w, out])

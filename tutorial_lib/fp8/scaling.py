@@ -144,15 +144,12 @@ class DelayedScaling:
                 "Engine). Use fp8_format=Format.HYBRID (E4M3 forward, E5M2 gradients) or "
                 "Format.E4M3."
             )
-        if not _is_int(self.margin) or self.margin < 0:
-            raise ValueError(
-                f"DelayedScaling: margin must be an integer >= 0, got {self.margin!r}."
-            )
-        if not _is_int(self.amax_history_len) or self.amax_history_len < 1:
-            raise ValueError(
-                f"DelayedScaling: amax_history_len must be an integer >= 1, got "
-                f"{self.amax_history_len!r}."
-            )
+        for name, low in (("margin", 0), ("amax_history_len", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(
+                    f"DelayedScaling: {name} must be an integer >= {low}, got {value!r}."
+                )
         _check_algo(self.amax_compute_algo)
 
     @property
@@ -164,10 +161,6 @@ class DelayedScaling:
     def bwd_format(self) -> FP8Format:
         """Format of backward-pass tensors (grad_output, grad_input)."""
         return self.fp8_format.bwd
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_algo(algo: object) -> None:
@@ -273,12 +266,9 @@ def update_amax_and_scale(
 
 
 def _callable_amax(algo: Callable, history: torch.Tensor) -> torch.Tensor:
-    amax = algo(history.clone())
-    if not isinstance(amax, torch.Tensor) or tuple(amax.shape) != (history.shape[1],):
-        got = tuple(amax.shape) if isinstance(amax, torch.Tensor) else type(amax).__name__
-        raise ValueError(
-            f"amax_compute_algo must return a tensor of shape ({history.shape[1]},), got {got}."
-        )
+    amax, n = algo(history.clone()), history.shape[1]
+    if not isinstance(amax, torch.Tensor) or tuple(amax.shape) != (n,):
+        raise ValueError(f"amax_compute_algo must return a tensor of shape ({n},), got {amax!r}.")
     return amax.to(torch.float32)
 
 

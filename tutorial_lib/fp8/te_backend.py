@@ -39,25 +39,11 @@ from ..layers import LINEAR_ROLES
 from ..precision import POLICIES, PrecisionPolicy, register_policy
 
 __all__ = [
-    "TE_API_USED",
-    "TE_API_NAMED",
-    "TE_DEFAULTS_ASSUMED",
-    "TE_ENUM_MEMBERS",
-    "TE_FWD_INDEX",
-    "TE_BWD_INDEX",
-    "TE_POLICY_NAME",
-    "TELayers",
-    "te_available",
-    "te_recipe_kwargs",
-    "te_recipe",
-    "te_autocast",
-    "fp8_shape_problems",
-    "convert_to_te",
-    "te_scaling_state",
-    "check_te_fp8_device",
-    "make_te_policy",
-    "register_te_policy",
-]
+    "TE_API_USED", "TE_API_NAMED", "TE_DEFAULTS_ASSUMED", "TE_ENUM_MEMBERS", "TE_FWD_INDEX",
+    "TE_BWD_INDEX", "TE_POLICY_NAME", "TELayers", "te_available", "te_recipe_kwargs", "te_recipe",
+    "te_autocast", "fp8_shape_problems", "convert_to_te", "te_scaling_state",
+    "check_te_fp8_device", "make_te_policy", "register_te_policy",
+]  # fmt: skip
 
 # ---- the TE API this module uses (checked by tests/test_te_contract.py) --------------------
 # Callables we call -> the keyword arguments we pass them (always by keyword).
@@ -81,6 +67,7 @@ TE_API_NAMED: tuple[str, ...] = (
     "transformer_engine.pytorch.DotProductAttention",
     "transformer_engine.pytorch.quantized_model_init",
     "transformer_engine.common.recipe.Format",
+    "transformer_engine.common.recipe.Recipe",
     "transformer_engine.common.recipe.Float8CurrentScaling",
 )
 # Defaults we rely on by *not* passing an argument, or mirror in our own recipe (source text).
@@ -232,12 +219,15 @@ def te_recipe_kwargs(recipe: object) -> dict[str, Any]:
 
 
 def te_recipe(recipe: object | None = None) -> Any:
-    """TE's ``DelayedScaling`` equal to ``recipe`` (ours, duck-typed); None gives TE's defaults,
-    which our recipe mirrors. A TE recipe is returned unchanged."""
+    """TE's ``DelayedScaling`` equal to ``recipe`` (ours, read duck-typed); None gives TE's
+    defaults, which our recipe mirrors. A TE recipe (any kind) is returned unchanged."""
     recipe_mod = _import_te_recipe()
     if recipe is None:
         return recipe_mod.DelayedScaling()
-    if type(recipe).__module__.startswith("transformer_engine."):
+    te_types = tuple(
+        t for t in (getattr(recipe_mod, "Recipe", None), recipe_mod.DelayedScaling) if t is not None
+    )
+    if isinstance(recipe, te_types):  # any TE recipe, e.g. Float8CurrentScaling
         return recipe
     kwargs = te_recipe_kwargs(recipe)
     return recipe_mod.DelayedScaling(
@@ -255,8 +245,9 @@ def te_autocast(
 ) -> Iterator[None]:
     """TE's FP8 region: ``te.autocast`` (TE >= 2.9) or ``te.fp8_autocast`` (older TE).
 
-    ``recipe`` may be ours (converted by ``te_recipe``) or TE's; None uses TE's default recipe.
-    The forward-pass scaling state updates when the outermost region exits.
+    ``recipe`` may be ours (converted by ``te_recipe``) or TE's. None lets TE pick its default
+    for the device (delayed scaling on Hopper and Ada, MXFP8 on Blackwell); the policy always
+    passes one. The forward-pass scaling state updates when the outermost region exits.
     """
     te = _import_te()
     converted = None if recipe is None else te_recipe(recipe)
@@ -425,7 +416,11 @@ def check_te_fp8_device(device: torch.device) -> None:
 
 def make_te_policy(recipe: object | None = None) -> PrecisionPolicy:
     """The ``te-fp8`` policy: TE modules, FP8 GEMMs under ``te_autocast`` with ``recipe``
-    (default: delayed scaling with TE's defaults), everything else under BF16 autocast."""
+    (default: delayed scaling with TE's defaults), everything else under BF16 autocast.
+
+    TE refuses delayed scaling inside ``torch.compile`` (TE 2.20 raises at autocast entry), so
+    do not compile a model trained under this policy.
+    """
     converted: list[Any] = []  # TE's recipe, built on first use and then reused
 
     def region() -> contextlib.AbstractContextManager[None]:

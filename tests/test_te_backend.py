@@ -1,0 +1,526 @@
+"""Tests for tutorial_lib.fp8.te_backend, the ``te-fp8`` Transformer Engine backend.
+
+Three groups:
+    - without TE (every machine here): the module imports, reports TE missing, fails clearly;
+    - with a *stand-in* TE installed into ``sys.modules`` (``fake_te``): the plumbing (layer
+      factory, model conversion, recipe and autocast dispatch) on the CPU. The stand-in's
+      signatures are the subset of TE's that ``TE_API_USED`` declares; ``test_te_contract.py``
+      checks those against TE's real source;
+    - with TE and an sm_89+ GPU: training parity with BF16 and our ``fp8`` policy, and TE's
+      amax histories and scales (skipped elsewhere, with the reason).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import enum
+import math
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import TokenData
+from tutorial_lib.fp8 import te_backend
+from tutorial_lib.fp8.te_backend import (
+    TE_POLICY_NAME,
+    TELayers,
+    check_te_fp8_device,
+    convert_to_te,
+    fp8_shape_problems,
+    make_te_policy,
+    register_te_policy,
+    te_autocast,
+    te_available,
+    te_recipe,
+    te_recipe_kwargs,
+    te_scaling_state,
+)
+from tutorial_lib.model import GPT
+from tutorial_lib.precision import POLICIES, PrecisionPolicy, get_policy
+from tutorial_lib.train import TrainConfig, Trainer
+
+TE_OK, TE_REASON = te_available()
+needs_no_te = pytest.mark.skipif(TE_OK, reason="Transformer Engine is installed here")
+needs_te = pytest.mark.skipif(not TE_OK, reason=TE_REASON)
+
+# Widths divisible by 16, as TE's FP8 GEMMs need (the conftest TINY model, width 36, is not).
+FP8_CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_embd=64)
+
+
+@pytest.fixture
+def registry() -> Iterator[dict[str, PrecisionPolicy]]:
+    """The policy registry without ``te-fp8``, restored exactly afterwards."""
+    saved = dict(POLICIES)
+    POLICIES.pop(TE_POLICY_NAME, None)
+    yield POLICIES
+    POLICIES.clear()
+    POLICIES.update(saved)
+
+
+# ---- without TE --------------------------------------------------------------------------------
+@needs_no_te
+def test_reports_te_missing_with_reason() -> None:
+    ok, reason = te_available()
+    assert ok is False
+    assert "transformer_engine" in reason
+
+
+@needs_no_te
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: te_autocast().__enter__(),
+        lambda: te_recipe(),
+        lambda: TELayers(device="cpu").linear(16, 16, True, "mlp.fc"),
+        lambda: TELayers(device="cpu").layernorm(16, True),
+        lambda: convert_to_te(nn.Sequential(nn.Linear(16, 16))),
+    ],
+    ids=["te_autocast", "te_recipe", "linear", "layernorm", "convert_to_te"],
+)
+def test_needing_te_raises_with_reason_and_install_route(call: Callable[[], object]) -> None:
+    with pytest.raises(RuntimeError) as info:
+        call()
+    message = str(info.value)
+    assert TE_REASON in message
+    assert "te_install.md" in message and "--no-build-isolation" in message
+    assert "nvcr.io/nvidia/pytorch" in message
+
+
+def test_policy_check_refuses_the_cpu() -> None:
+    policy = make_te_policy()
+    with pytest.raises(RuntimeError, match="sm_89") as info:
+        policy.validate("cpu")
+    assert "'te-fp8'" in str(info.value) and "'bf16'" in str(info.value)
+    if not TE_OK:
+        assert "Transformer Engine is missing" in str(info.value)
+
+
+def test_policy_fields() -> None:
+    policy = make_te_policy()
+    assert policy.name == TE_POLICY_NAME == "te-fp8"
+    assert policy.autocast_dtype is torch.bfloat16
+    assert policy.peak_dtype == "fp8"
+    assert not policy.grad_scaler
+    assert policy.prepare_model is convert_to_te
+    assert policy.check is check_te_fp8_device
+    assert policy.extra_context is not None
+
+
+def test_register_is_idempotent_and_listed(registry: dict[str, PrecisionPolicy]) -> None:
+    first = register_te_policy()
+    assert register_te_policy() is first
+    assert registry[TE_POLICY_NAME] is first
+    assert get_policy(TE_POLICY_NAME) is first
+    with pytest.raises(RuntimeError, match="sm_89"):
+        get_policy(TE_POLICY_NAME, "cpu")
+
+
+# ---- recipe conversion (pure Python) -----------------------------------------------------------
+class _OurFormat(enum.Enum):
+    E4M3 = "e4m3"
+    HYBRID = "hybrid"
+    E5M2 = "e5m2"
+
+
+@dataclass
+class _OurRecipe:
+    margin: int = 0
+    fp8_format: Any = _OurFormat.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: Any = "max"
+    reduce_amax: bool = True
+
+
+TE_DEFAULT_KWARGS = {
+    "margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "max",
+    "reduce_amax": True,
+}  # fmt: skip
+
+
+def test_recipe_kwargs_read_duck_typed() -> None:
+    assert te_recipe_kwargs(_OurRecipe()) == TE_DEFAULT_KWARGS
+    custom = _OurRecipe(2, _OurFormat.E4M3, 16, "most_recent", False)
+    assert te_recipe_kwargs(custom) == {
+        "margin": 2, "fp8_format": "E4M3", "amax_history_len": 16,
+        "amax_compute_algo": "most_recent", "reduce_amax": False,
+    }  # fmt: skip
+    assert te_recipe_kwargs(_OurRecipe(fp8_format="hybrid"))["fp8_format"] == "HYBRID"
+    algo = torch.amax
+    assert te_recipe_kwargs(_OurRecipe(amax_compute_algo=algo))["amax_compute_algo"] is algo
+
+
+def test_recipe_kwargs_match_our_recipe_defaults() -> None:
+    """Our ``DelayedScaling`` mirrors TE's defaults, so its conversion is TE's default recipe."""
+    scaling = pytest.importorskip("tutorial_lib.fp8.scaling")
+    ours = getattr(scaling, "DelayedScaling", None)
+    if ours is None:
+        pytest.skip("tutorial_lib.fp8.scaling has no DelayedScaling yet")
+    assert te_recipe_kwargs(ours()) == TE_DEFAULT_KWARGS
+
+
+@pytest.mark.parametrize(
+    ("recipe", "error", "match"),
+    [
+        (_OurRecipe(fp8_format=_OurFormat.E5M2), ValueError, "pure E5M2"),
+        (_OurRecipe(fp8_format="E3M4"), ValueError, "Unknown FP8 format"),
+        (_OurRecipe(amax_compute_algo="mean"), ValueError, "amax_compute_algo"),
+        (_OurRecipe(amax_history_len=0), ValueError, "amax_history_len"),
+        (types.SimpleNamespace(margin=0), TypeError, "lacks"),
+    ],
+    ids=["e5m2", "unknown-format", "bad-algo", "empty-history", "not-a-recipe"],
+)
+def test_recipe_kwargs_refuse(recipe: object, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        te_recipe_kwargs(recipe)
+
+
+# ---- shapes ------------------------------------------------------------------------------------
+def test_shape_problems_name_the_layers(tiny_cfg: GPTConfig) -> None:
+    problems = fp8_shape_problems(GPT(tiny_cfg))  # width 36: every Linear is off
+    assert len(problems) == 4 * tiny_cfg.n_layer
+    assert "blocks.0.attn.qkv: 36 -> 108" in problems
+    assert fp8_shape_problems(GPT(FP8_CFG)) == []
+
+
+def test_shape_problems_skip_a_tied_head() -> None:
+    emb = nn.Embedding(100, 32)
+    head = nn.Linear(32, 100, bias=False)
+    head.weight = emb.weight  # tied: 100 is not a multiple of 16, but the head is not converted
+    assert fp8_shape_problems(nn.ModuleDict({"emb": emb, "head": head})) == []
+
+
+# ---- a stand-in TE on the CPU ------------------------------------------------------------------
+class _FakeLinear(nn.Module):
+    def __init__(
+        self, in_features: int, out_features: int, *, bias: bool = True,
+        params_dtype: torch.dtype | None = None, device: torch.device | str = "cuda",
+        init_method: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        dtype = params_dtype or torch.get_default_dtype()
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, dtype=dtype, device=device)
+        )
+        (init_method or (lambda w: nn.init.normal_(w, 0.0, 0.023)))(self.weight)
+        self.bias = (
+            nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+        )
+        self.fp8_meta: dict[str, Any] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class _FakeLayerNorm(nn.Module):
+    def __init__(
+        self, normalized_shape: int | tuple[int, ...], *, eps: float = 1e-5,
+        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+        self.normalized_shape, self.eps = tuple(shape), eps
+        self.weight = nn.Parameter(torch.ones(shape, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(shape, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class _FakeFormat(enum.Enum):
+    E4M3 = 448.0
+    E5M2 = 57344.0
+    HYBRID = (448.0, 57344.0)
+
+
+@dataclass
+class _FakeDelayedScaling:
+    margin: int = 0
+    fp8_format: _FakeFormat = _FakeFormat.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: Any = "max"
+    reduce_amax: bool = True
+
+
+@dataclass
+class FakeTE:
+    """What the stand-in records: every (name, kwargs) of an autocast entered."""
+
+    pytorch: types.ModuleType
+    regions: list[tuple[str, dict[str, Any]]]
+
+
+@pytest.fixture(params=["autocast", "fp8_autocast"])
+def fake_te(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> FakeTE:
+    """A stand-in ``transformer_engine`` in ``sys.modules``: TE >= 2.9 (``autocast``) or an
+    older one that only has ``fp8_autocast``."""
+    regions: list[tuple[str, dict[str, Any]]] = []
+
+    def region(name: str) -> Callable[..., contextlib.AbstractContextManager[None]]:
+        @contextlib.contextmanager
+        def enter(**kwargs: Any) -> Iterator[None]:
+            regions.append((name, kwargs))
+            yield
+
+        return enter
+
+    root, common = types.ModuleType("transformer_engine"), types.ModuleType("_common")
+    pytorch, recipe = types.ModuleType("_pytorch"), types.ModuleType("_recipe")
+    pytorch.Linear, pytorch.LayerNorm = _FakeLinear, _FakeLayerNorm
+    pytorch.fp8_autocast = region("fp8_autocast")
+    if request.param == "autocast":
+        pytorch.autocast = region("autocast")
+        pytorch.is_fp8_available = lambda return_reason=False: (True, "") if return_reason else True
+    recipe.DelayedScaling, recipe.Format = _FakeDelayedScaling, _FakeFormat
+    root.pytorch, root.common, common.recipe = pytorch, common, recipe
+    for name, module in {
+        "transformer_engine": root, "transformer_engine.pytorch": pytorch,
+        "transformer_engine.common": common, "transformer_engine.common.recipe": recipe,
+    }.items():  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, module)
+    return FakeTE(pytorch, regions)
+
+
+def test_fake_te_counts_as_available(fake_te: FakeTE) -> None:
+    assert te_available() == (True, "transformer_engine.pytorch imports")
+
+
+def test_telayers_build_the_gpt(fake_te: FakeTE) -> None:
+    torch.manual_seed(0)
+    model = GPT(FP8_CFG, layers=TELayers(device="cpu"))
+    linears = [m for m in model.modules() if isinstance(m, _FakeLinear)]
+    norms = [m for m in model.modules() if isinstance(m, _FakeLayerNorm)]
+    assert len(linears) == 4 * FP8_CFG.n_layer and len(norms) == 2 * FP8_CFG.n_layer + 1
+    assert not any(isinstance(m, nn.Linear | nn.LayerNorm) for m in model.modules())
+    fc = model.blocks[0].mlp.fc.weight  # GPT-2 init N(0, 0.02) via init_method, not TE's 0.023
+    assert fc.std().item() == pytest.approx(0.02, rel=0.05)
+    proj = torch.cat([b.mlp.proj.weight.flatten() for b in model.blocks])
+    assert proj.std().item() == pytest.approx(0.02 / math.sqrt(2 * FP8_CFG.n_layer), rel=0.05)
+    logits, loss = model(torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16)))
+    assert logits.shape == (2, 16, 256) and torch.isfinite(loss)
+
+
+def test_telayers_pin_a_missing_bias_to_zero(fake_te: FakeTE) -> None:
+    layers = TELayers(device="cpu", params_dtype=torch.float64)
+    norm = layers.layernorm(32, bias=False)
+    assert not norm.bias.requires_grad and torch.all(norm.bias == 0)
+    assert norm.weight.requires_grad and norm.weight.dtype == torch.float64
+    assert layers.linear(32, 64, False, "attn.qkv").bias is None
+    with pytest.raises(ValueError, match="Unknown linear role"):
+        layers.linear(32, 64, True, "lm_head")
+
+
+def test_convert_keeps_the_function(fake_te: FakeTE) -> None:
+    torch.manual_seed(0)
+    model = GPT(FP8_CFG.replace(bias=False)).eval()
+    idx = torch.randint(0, 256, (2, 16))
+    before = model(idx)[0]
+    converted = convert_to_te(copy.deepcopy(model), device="cpu")
+    assert not any(type(m) in (nn.Linear, nn.LayerNorm) for m in converted.modules())
+    assert type(converted.tok_emb) is nn.Embedding  # the tied embedding/LM head stays
+    torch.testing.assert_close(converted(idx)[0], before, rtol=0, atol=0)
+    assert not converted.training
+    ln = converted.blocks[0].ln1
+    assert isinstance(ln, _FakeLayerNorm) and not ln.bias.requires_grad
+
+
+def test_convert_leaves_a_tied_head(fake_te: FakeTE) -> None:
+    emb, head = nn.Embedding(64, 32), nn.Linear(32, 64, bias=False)
+    head.weight = emb.weight
+    model = nn.ModuleDict({"emb": emb, "body": nn.Linear(32, 32), "head": head})
+    convert_to_te(model, device="cpu")
+    assert model["head"] is head and model["head"].weight is model["emb"].weight
+    assert isinstance(model["body"], _FakeLinear)
+
+
+def test_convert_refuses_odd_shapes(fake_te: FakeTE, tiny_cfg: GPTConfig) -> None:
+    with pytest.raises(ValueError, match="divisible by 16.*blocks.0.attn.qkv"):
+        convert_to_te(GPT(tiny_cfg), device="cpu")
+
+
+def test_autocast_dispatch_and_recipe(fake_te: FakeTE) -> None:
+    ours = _OurRecipe(margin=1, fp8_format=_OurFormat.E4M3, amax_history_len=8)
+    with te_autocast(recipe=ours, amax_reduction_group="group"):
+        pass
+    ((name, kwargs),) = fake_te.regions
+    newer = hasattr(fake_te.pytorch, "autocast")
+    assert name == ("autocast" if newer else "fp8_autocast")
+    recipe = kwargs["recipe" if newer else "fp8_recipe"]
+    assert kwargs["amax_reduction_group" if newer else "fp8_group"] == "group"
+    assert kwargs["enabled"] is True
+    assert recipe == _FakeDelayedScaling(1, _FakeFormat.E4M3, 8, "max", True)
+    assert te_recipe(recipe) is recipe  # TE's own recipes pass through
+    assert te_recipe() == _FakeDelayedScaling()
+
+
+def test_policy_region_reuses_one_recipe(fake_te: FakeTE) -> None:
+    policy = make_te_policy(_OurRecipe(amax_history_len=4))
+    assert policy.extra_context is not None
+    for _ in range(2):
+        with policy.extra_context():
+            pass
+    recipes = [kwargs.get("recipe", kwargs.get("fp8_recipe")) for _, kwargs in fake_te.regions]
+    assert recipes[0] is recipes[1] and recipes[0].amax_history_len == 4
+
+
+def test_policy_check_with_te_on_gpus(fake_te: FakeTE, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Fake GPU")
+    for cc, ok in (((9, 0), True), ((8, 9), True), ((8, 0), False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None, cc=cc: cc)
+        if ok:
+            check_te_fp8_device(torch.device("cuda"))
+        else:
+            with pytest.raises(RuntimeError, match="Fake GPU is sm_80"):
+                check_te_fp8_device(torch.device("cuda"))
+    with pytest.raises(RuntimeError, match="got cpu") as info:
+        check_te_fp8_device(torch.device("cpu"))
+    assert "Transformer Engine is missing" not in str(info.value)
+
+
+def test_scaling_state_reads_fp8_meta() -> None:
+    module = nn.Module()
+    module.fp8_meta = {
+        "scaling_fwd": types.SimpleNamespace(amax_history=torch.ones(4, 3), scale=torch.ones(3)),
+        "recipe": None,
+    }
+    state = te_scaling_state(module)
+    assert set(state) == {"forward"} and state["forward"]["amax_history"].shape == (4, 3)
+    state["forward"]["scale"].fill_(2.0)  # a copy
+    assert torch.all(module.fp8_meta["scaling_fwd"].scale == 1.0)
+    with pytest.raises(TypeError, match="fp8_meta"):
+        te_scaling_state(nn.Linear(2, 2))
+
+
+# ---- with Transformer Engine and an sm_89+ GPU -------------------------------------------------
+# FP8 against BF16 over a short run of the small model. Not yet measured: a guess to calibrate
+# on the first Hopper run (per-step losses should differ by FP8 rounding noise only).
+FP8_LOSS_TOLERANCE = 0.1
+GPU_STEPS, GPU_BATCH, GPU_HISTORY = 12, 8, 16
+
+
+def _fp8_gpu_or_skip() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if torch.cuda.get_device_capability(0) < (8, 9):
+        pytest.skip(f"{torch.cuda.get_device_name(0)} has no FP8 tensor cores (sm_89+)")
+    return torch.device("cuda", 0)
+
+
+def _train(
+    policy: PrecisionPolicy, model: nn.Module, data: TokenData, device: torch.device
+) -> tuple[list[float], nn.Module, list[dict[str, float]]]:
+    """Train a copy of ``model``; returns losses, the trained model and, per step, max|W| of each
+    Linear weight as the forward pass saw it."""
+    cfg = TrainConfig(
+        steps=GPU_STEPS, batch_size=GPU_BATCH, lr=1e-3, warmup_steps=2, eval_every=0,
+        precision=policy.name, progress=False, seed=0,
+    )  # fmt: skip
+    trainer = Trainer(copy.deepcopy(model), data, cfg, device=device)
+    weights = {n: m.weight for n, m in trainer.model.named_modules() if n.endswith(("qkv", "fc"))}
+    amaxes = []
+    for _ in range(GPU_STEPS):
+        amaxes.append({n: w.detach().abs().max().item() for n, w in weights.items()})
+        trainer.train_step()
+    return [row["loss"] for row in trainer.history], trainer.model, amaxes
+
+
+def _our_scaling_state(module: nn.Module) -> dict[str, dict[str, torch.Tensor]] | None:
+    """Our FP8 Linear's state (an object with ``forward``/``backward`` ScalingMeta), duck-typed."""
+    for value in vars(module).values():
+        fwd, bwd = getattr(value, "forward", None), getattr(value, "backward", None)
+        if all(hasattr(m, "amax_history") and hasattr(m, "scale") for m in (fwd, bwd)):
+            return {
+                d: {"amax_history": m.amax_history.detach().clone(), "scale": m.scale.clone()}
+                for d, m in (("forward", fwd), ("backward", bwd))
+            }
+    return None
+
+
+@needs_te
+def test_te_gpt_trains_and_keeps_extra_state() -> None:
+    device = _fp8_gpu_or_skip()
+    torch.manual_seed(0)
+    model = GPT(FP8_CFG, layers=TELayers()).to(device)
+    idx = torch.randint(0, 256, (GPU_BATCH, FP8_CFG.block_size), device=device)
+    with torch.autocast("cuda", dtype=torch.bfloat16), te_autocast(recipe=None):
+        _, loss = model(idx, idx)
+    loss.backward()
+    assert torch.isfinite(loss) and model.blocks[0].attn.qkv.weight.grad is not None
+    # TE modules add `_extra_state` entries (their FP8 scaling state), so a plain-PyTorch
+    # checkpoint does not load strictly (TE issue #199), and those entries are all that is missing.
+    plain = GPT(FP8_CFG).state_dict()
+    with pytest.raises(RuntimeError, match="_extra_state"):
+        model.load_state_dict(plain)
+    extra = [k for k in model.state_dict() if k.endswith("_extra_state")]
+    assert extra and set(model.state_dict()) - set(extra) == set(plain)
+    result = model.load_state_dict(plain, strict=False)  # torch does not list missing extra state
+    assert not result.missing_keys and not result.unexpected_keys
+
+
+@needs_te
+def test_te_fp8_matches_bf16_and_ours(
+    data_factory: Callable[..., TokenData], registry: dict[str, PrecisionPolicy]
+) -> None:
+    device = _fp8_gpu_or_skip()
+    torch.manual_seed(0)
+    model = GPT(FP8_CFG)  # one set of initial weights for every run
+
+    def data() -> TokenData:  # the same batches for every run
+        return data_factory(seed=0, block_size=FP8_CFG.block_size)
+
+    registry[TE_POLICY_NAME] = te_policy = make_te_policy(_OurRecipe(amax_history_len=GPU_HISTORY))
+    bf16_losses, _, _ = _train(get_policy("bf16"), model, data(), device)
+    te_losses, te_model, seen = _train(te_policy, model, data(), device)
+    assert max(abs(a - b) for a, b in zip(te_losses, bf16_losses, strict=True)) < FP8_LOSS_TOLERANCE
+    for name in seen[0]:
+        _check_te_scaling_state(te_scaling_state(te_model.get_submodule(name)), name, seen)
+
+    ours = POLICIES.get("fp8")
+    if ours is None:
+        pytest.skip("our 'fp8' policy is not registered (tutorial_lib.fp8 has not added it yet)")
+    our_losses, our_model, _ = _train(ours, model, data(), device)
+    assert max(abs(a - b) for a, b in zip(te_losses, our_losses, strict=True)) < FP8_LOSS_TOLERANCE
+    w = te_backend.TE_FWD_INDEX["weight"]
+    for name in seen[0]:
+        our_state = _our_scaling_state(our_model.get_submodule(name))
+        if our_state is None:
+            pytest.skip(f"cannot find the scaling state of our FP8 layer {name}")
+        te_fwd = te_scaling_state(te_model.get_submodule(name))["forward"]
+        # The recipes' history lengths may differ: compare the rows both runs filled.
+        torch.testing.assert_close(
+            our_state["forward"]["amax_history"][-GPU_STEPS:, w].cpu(),
+            te_fwd["amax_history"][-GPU_STEPS:, w].cpu(), rtol=5e-2, atol=0,
+        )  # fmt: skip
+        torch.testing.assert_close(
+            our_state["forward"]["scale"][w].cpu(), te_fwd["scale"][w].cpu(), rtol=5e-2, atol=0
+        )
+
+
+def _check_te_scaling_state(
+    state: dict[str, dict[str, torch.Tensor]], name: str, seen: list[dict[str, float]]
+) -> None:
+    """TE's delayed-scaling state after GPU_STEPS (< GPU_HISTORY - 1) steps, as REFERENCE.md
+    describes the update: after each update row 0 is cleared and the newest amax ends the
+    window, so the last GPU_STEPS rows hold each step's amax, oldest first."""
+    fwd, bwd = state["forward"], state["backward"]
+    assert fwd["amax_history"].shape == (GPU_HISTORY, 3), name
+    assert bwd["amax_history"].shape == (GPU_HISTORY, 2), name
+    weight_rows = fwd["amax_history"][-GPU_STEPS:, te_backend.TE_FWD_INDEX["weight"]].cpu()
+    expected = torch.tensor([step[name] for step in seen])
+    torch.testing.assert_close(weight_rows, expected, rtol=1e-2, atol=0)  # FP32 or BF16 max|W|
+    for group, fp8_max in ((fwd, 448.0), (bwd, 57344.0)):  # HYBRID: E4M3 forward, E5M2 backward
+        history, scale = group["amax_history"].cpu(), group["scale"].cpu()
+        assert torch.all(history[0] == 0), name
+        amax = history.amax(dim=0)
+        # scale = fp8_max * 2^-margin / amax; a tensor never quantized (amax 0) keeps scale 1.
+        expected_scale = torch.where(amax > 0, fp8_max / amax, torch.ones_like(amax))
+        torch.testing.assert_close(scale, expected_scale, rtol=1e-6, atol=0)

@@ -1,0 +1,315 @@
+"""Contract test: the Transformer Engine API that ``te_backend`` uses exists in the pinned TE.
+
+TE cannot be imported without its CUDA core, so this reads TE's Python source, unpacked by
+``scripts/fetch_te_source.py`` into ``.cache/te/<version>/``, with ``ast``; nothing is imported.
+What is checked comes from ``tutorial_lib.fp8.te_backend``: every callable in ``TE_API_USED``
+accepts the keyword arguments we pass, every name in ``TE_API_NAMED`` exists, the defaults in
+``TE_DEFAULTS_ASSUMED`` hold, and the ``Format`` members exist. A further test checks that
+``te_backend.py`` passes TE no keyword that ``TE_API_USED`` does not declare, so the contract
+grows with the backend.
+
+A missing cache is a failure telling you to run the fetch script, unless ``TUTORIAL_OFFLINE=1``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tutorial_lib.fp8 import te_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+FETCH_SCRIPT = ROOT / "scripts" / "fetch_te_source.py"
+
+
+def _load_fetch_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fetch_te_source", FETCH_SCRIPT)
+    assert spec is not None and spec.loader is not None, FETCH_SCRIPT
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fetch = _load_fetch_script()
+VERSIONS = list(fetch.TE_VERSIONS)
+
+
+# ---- reading TE's source -------------------------------------------------------------------
+@dataclass
+class Found:
+    """A resolved definition: its AST node and the module (dotted name) defining it."""
+
+    node: ast.AST
+    module: str
+
+
+@dataclass
+class Params:
+    """The parameters a callable accepts: name -> default source (None: no default)."""
+
+    names: dict[str, str | None] = field(default_factory=dict)
+    var_keyword: bool = False
+
+
+class SourceTree:
+    """Resolves dotted names in an unpacked package the way Python's imports would."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._cache: dict[str, ast.Module | None] = {}
+
+    def module(self, dotted: str) -> ast.Module | None:
+        if dotted not in self._cache:
+            base = self.root.joinpath(*dotted.split("."))
+            path = next((p for p in (base / "__init__.py", base.with_suffix(".py")) if p.is_file()),
+                        None)  # fmt: skip
+            self._cache[dotted] = ast.parse(path.read_text(), str(path)) if path else None
+        return self._cache[dotted]
+
+    def resolve(self, qualname: str) -> Found | None:
+        parts = qualname.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            module = ".".join(parts[:cut])
+            if self.module(module) is not None:
+                found = self.lookup(module, parts[cut])
+                for member in parts[cut + 1 :]:
+                    found = self._member(found, member)
+                return found
+        return None
+
+    def lookup(
+        self, module: str, name: str, _seen: frozenset[tuple[str, str]] = frozenset()
+    ) -> Found | None:
+        """The last top-level binding of ``name`` in ``module``, following imports."""
+        tree = self.module(module)
+        if tree is None or (module, name) in _seen:
+            return None
+        seen = _seen | {(module, name)}
+        binding: Found | None = None
+        stars: list[str] = []
+        for stmt in _top_level(tree):
+            if isinstance(stmt, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                if stmt.name == name:
+                    binding = Found(stmt, module)
+            elif isinstance(stmt, ast.ImportFrom):
+                source = _absolute(module, stmt, is_package=self._is_package(module))
+                for alias in stmt.names:
+                    if alias.name == "*":
+                        stars.append(source)
+                    elif (alias.asname or alias.name) == name:
+                        binding = self.lookup(source, alias.name, seen) or self._as_module(
+                            f"{source}.{alias.name}"
+                        )
+            elif isinstance(stmt, ast.Assign | ast.AnnAssign):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                    binding = Found(stmt, module)
+        if binding is None:
+            for source in stars:
+                binding = binding or self.lookup(source, name, seen)
+        return binding
+
+    def params(self, found: Found) -> Params:
+        """Parameters of a function, or of a class's ``__init__`` (dataclass fields included);
+        a ``**kwargs`` ``__init__`` also accepts the parameters of its base classes'."""
+        node = found.node
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            return _function_params(node)
+        assert isinstance(node, ast.ClassDef), ast.dump(node)[:80]
+        params = Params()
+        init = next((s for s in node.body if isinstance(s, ast.FunctionDef)
+                     and s.name == "__init__"), None)  # fmt: skip
+        if init is not None:
+            params = _function_params(init)
+            params.names.pop("self", None)
+        elif _is_dataclass(node):
+            params.names = {
+                s.target.id: (ast.unparse(s.value) if s.value is not None else None)
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            }
+        if init is None or params.var_keyword:
+            for base in node.bases:
+                resolved = self.lookup(found.module, ast.unparse(base).split(".")[-1])
+                if resolved is not None and isinstance(resolved.node, ast.ClassDef):
+                    inherited = self.params(resolved)
+                    params.names = {**inherited.names, **params.names}
+                    params.var_keyword = params.var_keyword and inherited.var_keyword
+        return params
+
+    def _member(self, found: Found | None, name: str) -> Found | None:
+        if found is None or not isinstance(found.node, ast.ClassDef):
+            return None
+        for stmt in found.node.body:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return Found(stmt, found.module)
+        return None
+
+    def _is_package(self, module: str) -> bool:
+        return self.root.joinpath(*module.split("."), "__init__.py").is_file()
+
+    def _as_module(self, dotted: str) -> Found | None:
+        tree = self.module(dotted)
+        return Found(tree, dotted) if tree is not None else None
+
+
+def _top_level(tree: ast.Module) -> list[ast.stmt]:
+    """Module-level statements, including those inside top-level ``if``/``try`` blocks."""
+    out: list[ast.stmt] = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.If | ast.Try):
+            blocks = [stmt.body, stmt.orelse] + (
+                [h.body for h in stmt.handlers] + [stmt.finalbody] if isinstance(stmt, ast.Try)
+                else []
+            )  # fmt: skip
+            out.extend(s for block in blocks for s in block)
+        else:
+            out.append(stmt)
+    return out
+
+
+def _absolute(module: str, stmt: ast.ImportFrom, is_package: bool) -> str:
+    if not stmt.level:
+        return stmt.module or ""
+    parts = module.split(".")
+    base = parts if is_package else parts[:-1]
+    base = base[: len(base) - (stmt.level - 1)]
+    return ".".join(base + ([stmt.module] if stmt.module else []))
+
+
+def _function_params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Params:
+    a = fn.args
+    positional = a.posonlyargs + a.args
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + a.defaults
+    names = {
+        p.arg: (ast.unparse(d) if d is not None else None)
+        for p, d in zip(positional, defaults, strict=True)
+    }
+    for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True):
+        names[p.arg] = ast.unparse(d) if d is not None else None
+    return Params(names, var_keyword=a.kwarg is not None)
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    return any("dataclass" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _same_source(a: str, b: str) -> bool:
+    return ast.dump(ast.parse(a, mode="eval")) == ast.dump(ast.parse(b, mode="eval"))
+
+
+# ---- fixtures --------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=VERSIONS)
+def te_tree(request: pytest.FixtureRequest) -> SourceTree:
+    version: str = request.param
+    if not fetch.is_complete(version):
+        message = (
+            f"Transformer Engine {version} source is not in {fetch.source_dir(version)}. "
+            f"Run `.venv/bin/python scripts/fetch_te_source.py` (make setup does), or set "
+            f"{fetch.OFFLINE_ENV}=1 to skip this contract test."
+        )
+        if os.environ.get(fetch.OFFLINE_ENV) == "1":
+            pytest.skip(f"{fetch.OFFLINE_ENV}=1 and no cached TE source: {message}")
+        pytest.fail(message)
+    return SourceTree(fetch.source_dir(version))
+
+
+# ---- the contract ----------------------------------------------------------------------------
+def test_wheel_carries_the_pytorch_api_source(te_tree: SourceTree) -> None:
+    for required in fetch.REQUIRED_FILES:
+        assert (te_tree.root / required).is_file(), required
+
+
+@pytest.mark.parametrize("qualname", sorted(te_backend.TE_API_USED))
+def test_used_callables_accept_our_keywords(te_tree: SourceTree, qualname: str) -> None:
+    found = te_tree.resolve(qualname)
+    assert found is not None, f"{qualname} does not exist in TE at {te_tree.root.name}"
+    params = te_tree.params(found)
+    unknown = set(te_backend.TE_API_USED[qualname]) - set(params.names)
+    assert not unknown, f"{qualname} takes no {sorted(unknown)}; it takes {sorted(params.names)}"
+
+
+@pytest.mark.parametrize("qualname", te_backend.TE_API_NAMED)
+def test_named_api_exists(te_tree: SourceTree, qualname: str) -> None:
+    assert te_tree.resolve(qualname) is not None, f"{qualname} is gone from {te_tree.root.name}"
+
+
+@pytest.mark.parametrize("qualname", sorted(te_backend.TE_DEFAULTS_ASSUMED))
+def test_assumed_defaults_hold(te_tree: SourceTree, qualname: str) -> None:
+    found = te_tree.resolve(qualname)
+    assert found is not None, qualname
+    params = te_tree.params(found)
+    for name, expected in te_backend.TE_DEFAULTS_ASSUMED[qualname].items():
+        assert name in params.names, f"{qualname} has no parameter {name!r}"
+        actual = params.names[name]
+        assert actual is not None and _same_source(actual, expected), (
+            f"{qualname}({name}=...) defaults to {actual}, te_backend assumes {expected}"
+        )
+
+
+@pytest.mark.parametrize("qualname", sorted(te_backend.TE_ENUM_MEMBERS))
+def test_enum_members_exist(te_tree: SourceTree, qualname: str) -> None:
+    for member in te_backend.TE_ENUM_MEMBERS[qualname]:
+        assert te_tree.resolve(f"{qualname}.{member}") is not None, f"{qualname}.{member}"
+
+
+def test_delayed_scaling_rejects_pure_e5m2(te_tree: SourceTree) -> None:
+    """``te_recipe_kwargs`` refuses E5M2 because TE's ``DelayedScaling`` does."""
+    found = te_tree.resolve("transformer_engine.common.recipe.DelayedScaling")
+    assert found is not None and isinstance(found.node, ast.ClassDef)
+    post_init = next(s for s in found.node.body
+                     if isinstance(s, ast.FunctionDef) and s.name == "__post_init__")  # fmt: skip
+    assert "Format.E5M2" in ast.unparse(post_init)
+
+
+def test_resolver_is_not_vacuous(te_tree: SourceTree) -> None:
+    """Unknown names and keywords are reported, so passing tests mean something."""
+    assert te_tree.resolve("transformer_engine.pytorch.NoSuchModule") is None
+    assert te_tree.resolve("transformer_engine.common.recipe.Format.E9M9") is None
+    linear = te_tree.resolve("transformer_engine.pytorch.Linear")
+    assert linear is not None
+    params = te_tree.params(linear)
+    assert "no_such_kwarg" not in params.names and not params.var_keyword
+    assert te_tree.resolve("transformer_engine.pytorch.autocast") is not None
+
+
+# ---- the backend declares everything it passes ----------------------------------------------
+_ALIASES = {"te": "transformer_engine.pytorch", "recipe_mod": "transformer_engine.common.recipe"}
+
+
+def _te_calls(source: str) -> list[tuple[str, set[str], int]]:
+    calls = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in _ALIASES
+        ):
+            qualname = f"{_ALIASES[node.func.value.id]}.{node.func.attr}"
+            calls.append((qualname, {k.arg for k in node.keywords if k.arg}, len(node.args)))
+    return calls
+
+
+def test_backend_calls_are_declared() -> None:
+    source = Path(te_backend.__file__).read_text()
+    calls = _te_calls(source)
+    assert {q for q, _, _ in calls} >= {
+        "transformer_engine.pytorch.Linear",
+        "transformer_engine.pytorch.LayerNorm",
+        "transformer_engine.pytorch.autocast",
+        "transformer_engine.pytorch.fp8_autocast",
+        "transformer_engine.common.recipe.DelayedScaling",
+    }
+    for qualname, keywords, n_positional in calls:
+        assert qualname in te_backend.TE_API_USED, f"{qualname} is called but not declared"
+        assert n_positional == 0, f"{qualname} is called with positional arguments"
+        undeclared = keywords - set(te_backend.TE_API_USED[qualname])
+        assert not undeclared, f"{qualname} gets undeclared keywords {sorted(undeclared)}"
