@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,36 @@ def text_file(tmp_path: Path, corpus: bytes) -> Path:
     path = tmp_path / "corpus.txt"
     path.write_bytes(corpus[:50_000])
     return path
+
+
+class FakeStream:
+    """A simulated asynchronous device: ``launch`` queues work and returns at once, like a CUDA
+    kernel launch; a worker thread runs the queue in order; ``synchronize`` waits for it."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue[float | None] = queue.Queue()
+        self.worker = threading.Thread(target=self._run, daemon=True)
+        self.worker.start()
+
+    def _run(self) -> None:
+        while (seconds := self.jobs.get()) is not None:
+            time.sleep(seconds)
+            self.jobs.task_done()
+
+    def launch(self, seconds: float) -> None:
+        self.jobs.put(seconds)
+
+    def synchronize(self, device: object = None) -> None:
+        self.jobs.join()
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.worker.join(timeout=5)
+
+
+@pytest.fixture
+def stream() -> Iterator[FakeStream]:
+    s = FakeStream()
+    yield s
+    s.synchronize()
+    s.close()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import queue
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -27,6 +26,9 @@ from tutorial_lib.perf import (
     tokens_per_second,
 )
 from tutorial_lib.perf import timing as timing_mod
+
+if TYPE_CHECKING:
+    from conftest import FakeStream
 
 # ---- benchmark -----------------------------------------------------------------------------
 
@@ -53,39 +55,6 @@ def test_benchmark_measures_a_known_sleep() -> None:
 def test_benchmark_rejects_bad_counts(warmup: int, iters: int) -> None:
     with pytest.raises(ValueError, match="iters"):
         benchmark(lambda: None, warmup=warmup, iters=iters, device="cpu")
-
-
-class FakeStream:
-    """A simulated asynchronous device: ``launch`` queues work and returns at once, like a CUDA
-    kernel launch; a worker thread runs the queue in order; ``synchronize`` waits for it."""
-
-    def __init__(self) -> None:
-        self.jobs: queue.Queue[float | None] = queue.Queue()
-        self.worker = threading.Thread(target=self._run, daemon=True)
-        self.worker.start()
-
-    def _run(self) -> None:
-        while (seconds := self.jobs.get()) is not None:
-            time.sleep(seconds)
-            self.jobs.task_done()
-
-    def launch(self, seconds: float) -> None:
-        self.jobs.put(seconds)
-
-    def synchronize(self, device: object = None) -> None:
-        self.jobs.join()
-
-    def close(self) -> None:
-        self.jobs.put(None)
-        self.worker.join(timeout=5)
-
-
-@pytest.fixture
-def stream() -> Iterator[FakeStream]:
-    s = FakeStream()
-    yield s
-    s.synchronize()
-    s.close()
 
 
 def test_fake_stream_is_asynchronous(stream: FakeStream) -> None:

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -24,6 +22,9 @@ from tutorial_lib.perf import (
     synced_time,
 )
 from tutorial_lib.perf import timing as timing_mod
+
+if TYPE_CHECKING:
+    from conftest import FakeStream
 
 # ---- benchmark(..., inputs=...) ------------------------------------------------------------
 
@@ -169,43 +170,20 @@ def test_make_rotating_inputs_rejects_zero_copies() -> None:
 # ---- naive vs synced timers ----------------------------------------------------------------
 
 
-class _AsyncQueue:
-    """Launches return at once and a worker thread does the work, like a CUDA stream."""
-
-    def __init__(self) -> None:
-        self.jobs: queue.Queue[float | None] = queue.Queue()
-        self.worker = threading.Thread(target=self._run, daemon=True)
-        self.worker.start()
-
-    def _run(self) -> None:
-        while (seconds := self.jobs.get()) is not None:
-            time.sleep(seconds)
-            self.jobs.task_done()
-
-    def launch(self, seconds: float) -> None:
-        self.jobs.put(seconds)
-
-    def synchronize(self, device: object = None) -> None:
-        self.jobs.join()
-
-
 @pytest.fixture
-def async_queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[_AsyncQueue]:
-    q = _AsyncQueue()
-    monkeypatch.setattr(timing_mod, "synchronize", q.synchronize)
-    yield q
-    q.synchronize()
-    q.jobs.put(None)
-    q.worker.join(timeout=5)
+def async_queue(stream: FakeStream, monkeypatch: pytest.MonkeyPatch) -> FakeStream:
+    """The conftest's simulated asynchronous stream, as the timers' ``synchronize``."""
+    monkeypatch.setattr(timing_mod, "synchronize", stream.synchronize)
+    return stream
 
 
-def test_naive_time_sees_only_the_launch(async_queue: _AsyncQueue) -> None:
+def test_naive_time_sees_only_the_launch(async_queue: FakeStream) -> None:
     # 150 ms of queued work; the launch takes microseconds (half the work is a loose bound for
     # a busy shared machine, and still fails if naive_time waited for the work).
     assert naive_time(lambda: async_queue.launch(0.15)) < 0.075
 
 
-def test_synced_time_sees_the_work_but_not_earlier_work(async_queue: _AsyncQueue) -> None:
+def test_synced_time_sees_the_work_but_not_earlier_work(async_queue: FakeStream) -> None:
     assert synced_time(lambda: async_queue.launch(0.03), "cpu") >= 0.028
     async_queue.launch(0.15)  # queued before the timed call: must not be charged to it
     t = synced_time(lambda: async_queue.launch(0.01), "cpu")

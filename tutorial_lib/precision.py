@@ -14,6 +14,7 @@ The Trainer, the benchmarks and the CLI all take a policy by name: ``get_policy(
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -108,7 +109,23 @@ def register_policy(policy: PrecisionPolicy, *, overwrite: bool = False) -> Prec
     return policy
 
 
+# Policies registered by packages that precision.py must not import at module import time (they
+# import it): name -> (module, registering function). Loaded on first use of the registry.
+_LAZY_POLICIES: dict[str, tuple[str, str]] = {
+    "fp8": ("tutorial_lib.fp8.policy", "register_fp8_policy"),
+    "te-fp8": ("tutorial_lib.fp8.te_backend", "register_te_policy"),
+}
+
+
+def _load_lazy_policies(name: str | None = None) -> None:
+    """Register the lazily imported policies (``name`` only, if given) that are missing."""
+    for lazy, (module, function) in _LAZY_POLICIES.items():
+        if lazy not in POLICIES and name in (None, lazy):
+            getattr(importlib.import_module(module), function)()
+
+
 def available_policies() -> list[str]:
+    _load_lazy_policies()
     return list(POLICIES)
 
 
@@ -116,6 +133,8 @@ def get_policy(
     name: str | PrecisionPolicy, device: torch.device | str | None = None
 ) -> PrecisionPolicy:
     """The policy called ``name``; with ``device``, also check that the device can run it."""
+    if isinstance(name, str):
+        _load_lazy_policies(name)
     policy = name if isinstance(name, PrecisionPolicy) else POLICIES.get(name)
     if policy is None:
         raise ValueError(

@@ -39,6 +39,17 @@ from .scaling import (
 )
 from .stats import QuantStats, capture_gemm_tensors, error_vs_scale, quant_stats, scale_for
 
+from .autocast import FP8AutocastState, autocast, get_autocast_state, is_fp8_enabled  # noqa: I001
+from .linear import FP8_MIN_CC, FP8Linear, convert_to_fp8, fp8_layer_problems
+from .policy import (
+    FP8_LOSS_TOLERANCE,
+    FP8_POLICY_NAME,
+    check_fp8_device,
+    make_fp8_policy,
+    register_fp8_policy,
+)
+from . import te_backend
+
 __all__ = [
     # formats
     "FP8Format",
@@ -71,4 +82,24 @@ __all__ = [
     "scale_for",
     "error_vs_scale",
     "capture_gemm_tensors",
+    # autocast
+    "FP8AutocastState",
+    "autocast",
+    "get_autocast_state",
+    "is_fp8_enabled",
+    # linear
+    "FP8Linear",
+    "FP8_MIN_CC",
+    "convert_to_fp8",
+    "fp8_layer_problems",
+    # policy
+    "FP8_POLICY_NAME",
+    "FP8_LOSS_TOLERANCE",
+    "check_fp8_device",
+    "make_fp8_policy",
+    "register_fp8_policy",
 ]
+
+# The precision policies of this package: ours (``fp8``) and Transformer Engine's (``te-fp8``).
+register_fp8_policy()
+te_backend.register_te_policy()

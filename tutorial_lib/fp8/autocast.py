@@ -1,0 +1,173 @@
+"""``autocast``: the FP8 region, named and behaving like Transformer Engine's ``te.pytorch.autocast``.
+
+Inside ``autocast(enabled=True)`` every ``FP8Linear`` runs its GEMMs in FP8 with delayed scaling.
+When the scaling state changes (TE 2.x, ``transformer_engine/pytorch/quantization.py``,
+``FP8GlobalStateManager.autocast_exit``; ``module/linear.py``, ``_Linear.backward``):
+    forward state (input, weight, output): when the OUTERMOST region exits, if that region was
+        enabled and grad is enabled at exit (``torch.is_grad_enabled()``). So evaluation under
+        ``torch.no_grad()`` never updates scales, but, as in TE, its amaxes are still recorded
+        into row 0 and enter the next training update.
+    backward state (grad_output, grad_input): at the end of the backward pass of the module that
+        ran FIRST in the region's forward pass (the last one to run backward), for every module
+        of that region. Here that module's autograd Function does it (``_BackwardStep``).
+Amaxes are MAX-all-reduced over ``amax_reduction_group`` before an update when the recipe's
+``reduce_amax`` is set and the group has more than one rank (one all-reduce per group).
+Calibration (``enabled=False, calibrating=True``): modules run in high precision but record the
+amaxes of their input and weight (not output or gradients), as TE's Linear does; as in TE no
+update happens at exit (the region is not enabled), so the amaxes enter the first FP8 update.
+The region state is process-global (like TE's): do not run FP8 regions in several threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .scaling import DelayedScaling, FP8ModuleState, reduce_amax
+
+__all__ = ["FP8AutocastState", "autocast", "get_autocast_state", "is_fp8_enabled"]
+
+
+@dataclass(frozen=True)
+class FP8AutocastState:
+    """The settings of the innermost active ``autocast``.
+
+    FP8: enabled (FP8 GEMMs), calibrating (high precision, record amaxes), recipe.
+    Distributed: amax_reduction_group (None: the default group).
+    Execution: emulate (None: decided per module/device, see ``FP8Linear``), collect_stats.
+    """
+
+    enabled: bool
+    calibrating: bool
+    recipe: DelayedScaling
+    amax_reduction_group: Any = None
+    emulate: bool | None = None
+    collect_stats: bool = False
+
+
+@dataclass(eq=False)
+class _BackwardStep:
+    """Modules run with grad in one outermost region; the first one updates their backward state."""
+
+    entries: list[tuple[FP8ModuleState, DelayedScaling, Any]] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)
+
+    def add(self, state: FP8ModuleState, fp8: FP8AutocastState) -> None:
+        if id(state) not in self.seen:
+            self.seen.add(id(state))
+            self.entries.append((state, fp8.recipe, fp8.amax_reduction_group))
+
+    def update(self) -> None:
+        """Update every module's backward state (called by the first module's backward)."""
+        _update_states(self.entries, forward=False)
+
+
+@dataclass(eq=False)
+class _Region:
+    """What the outermost autocast collects: modules that ran in FP8 (forward) and the step record
+    shared by their backward passes."""
+
+    forward: _BackwardStep = field(default_factory=_BackwardStep)
+    backward: _BackwardStep = field(default_factory=_BackwardStep)
+
+
+_STACK: list[FP8AutocastState] = []
+_REGION: list[_Region] = []  # one entry while an outermost region is open
+
+
+def get_autocast_state() -> FP8AutocastState | None:
+    """The innermost active region's settings, or None outside any ``autocast``."""
+    return _STACK[-1] if _STACK else None
+
+
+def is_fp8_enabled() -> bool:
+    """Whether FP8 GEMMs are on here (inside an enabled ``autocast``)."""
+    state = get_autocast_state()
+    return state is not None and state.enabled
+
+
+def register_fp8_run(state: FP8ModuleState, fp8: FP8AutocastState) -> _BackwardStep | None:
+    """Note that a module ran in FP8 in this region; returns the backward step record if this
+    module is the first to run with grad (it then updates everyone's backward state), else None.
+    """
+    region = _REGION[-1]
+    region.forward.add(state, fp8)
+    if not torch.is_grad_enabled():
+        return None
+    first = not region.backward.entries
+    region.backward.add(state, fp8)
+    return region.backward if first else None
+
+
+def _update_states(entries: list[tuple[FP8ModuleState, DelayedScaling, Any]], forward: bool) -> None:
+    """One delayed-scaling update of each entry's forward or backward group; the amaxes of entries
+    sharing a reduction group (and wanting reduction) go through one MAX all-reduce."""
+    by_group: dict[int, list[tuple[FP8ModuleState, DelayedScaling, Any]]] = {}
+    for entry in entries:
+        by_group.setdefault(id(entry[2]), []).append(entry)
+    for group_entries in by_group.values():
+        group = group_entries[0][2]
+        reduced = _reduced_rows(group_entries, forward, group)
+        for (state, recipe, _), rows in zip(group_entries, reduced, strict=True):
+            state.update(recipe, forward=forward, reduced_amax=rows if recipe.reduce_amax else None)
+
+
+def _reduced_rows(
+    entries: list[tuple[FP8ModuleState, DelayedScaling, Any]], forward: bool, group: Any
+) -> list[torch.Tensor | None]:
+    dist = torch.distributed
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+    wanted = [recipe.reduce_amax for _, recipe, _ in entries]
+    if not distributed or not any(wanted):
+        return [None] * len(entries)
+    rows = [(s.forward if forward else s.backward).amax_history[0] for s, _, _ in entries]
+    flat = reduce_amax(torch.cat(rows), group)
+    return list(torch.split(flat, [r.numel() for r in rows]))
+
+
+@contextlib.contextmanager
+def autocast(
+    enabled: bool = True,
+    calibrating: bool = False,
+    recipe: DelayedScaling | None = None,
+    amax_reduction_group: Any = None,
+    emulate: bool | None = None,
+    collect_stats: bool = False,
+) -> Iterator[None]:
+    """An FP8 region for ``FP8Linear`` modules (TE's ``autocast``; nestable).
+
+    FP8:
+        enabled: run FP8Linear GEMMs in FP8. calibrating: when not enabled, run in high precision
+            but record input/weight amaxes. recipe: a ``DelayedScaling`` (default: TE's defaults).
+    Distributed:
+        amax_reduction_group: the process group whose ranks share amaxes (default: the world).
+    Extras (not in TE):
+        emulate: allow the exact dequantize-then-matmul path on CUDA GPUs without FP8 tensor
+            cores (None: defer to each module's flag). collect_stats: record saturation/underflow
+            statistics at every quantize (``FP8Linear.fp8_stats``); off by default (costs time).
+    Scaling state updates: see the module docstring.
+    """
+    recipe = DelayedScaling() if recipe is None else recipe
+    if not isinstance(recipe, DelayedScaling):
+        raise TypeError(
+            f"autocast supports tutorial_lib.fp8.DelayedScaling recipes, got {type(recipe).__name__}."
+        )
+    state = FP8AutocastState(
+        enabled, calibrating, recipe, amax_reduction_group, emulate, collect_stats
+    )
+    outermost = not _STACK
+    if outermost:
+        _REGION.append(_Region())
+    _STACK.append(state)
+    try:
+        yield
+    finally:
+        _STACK.pop()
+        if outermost:
+            region = _REGION.pop()
+            if enabled and torch.is_grad_enabled():
+                _update_states(region.forward.entries, forward=True)

@@ -1,0 +1,379 @@
+"""``FP8Linear``: an ``nn.Linear`` whose GEMMs run in FP8 with delayed scaling inside ``autocast``.
+
+Outside an enabled ``tutorial_lib.fp8.autocast`` it *is* ``nn.Linear`` (same parameters, init
+and forward). Inside, one forward + backward pass does what TE's ``Linear`` does for one GEMM
+(``transformer_engine/pytorch/module/linear.py``):
+    forward   x_fp8 = E4M3(x * s_x), w_fp8 = E4M3(w * s_w), with the scales of earlier steps;
+              y = (x_fp8 @ w_fp8^T) * s_x^-1 * s_w^-1 + bias, in the activation dtype (bf16
+              under BF16 autocast, else the input's dtype); amax(x), amax(w) -> history row 0.
+    backward  g_fp8 = bwd_format(dy * s_g) (E5M2 under HYBRID); amax(dy) -> row 0;
+              dgrad = g_fp8 @ w_fp8 (activation dtype), wgrad = g_fp8^T @ x_fp8 (float32,
+              reusing the forward's FP8 copies), bias grad = sum of dy in float32.
+As in TE, the output's amax (column GEMM1_OUTPUT) is recorded only when the output itself is FP8
+and grad_input's (GRAD_INPUT1) only when grad_input is FP8; here neither is, so those columns
+stay zero and their scales stay 1.
+
+Where the GEMMs run:
+    CUDA sm_89+   ``torch._scaled_mm`` (FP8 tensor cores; the second operand made column-major).
+                  A GEMM with a dimension that is not a multiple of 16 (``_scaled_mm``'s rule;
+                  TE asks only 8 of the token count) runs on the emulation path instead.
+    CUDA < sm_89  a RuntimeError, unless emulation was asked for (``emulate=True`` on the
+                  module, the ``autocast`` or the ``fp8`` policy): never a silent fallback.
+    CPU           no FP8 units: ``torch._scaled_mm`` on the CPU accepts any layout and computes
+                  in float32 internally, i.e. it *is* an emulation; ``emulate=True`` selects the
+                  explicit path below. Both agree to float32 rounding.
+    emulation     dequantize both operands to float32 (exact: FP8 values times a float32
+                  scale), float32 matmul, add bias, round to the output dtype.
+
+State: the forward/backward scaling state lives in six float32 buffers (``fp8_amax_history_fwd``
+(L, 3), ``fp8_scale_fwd`` (3,), ``fp8_scale_inv_fwd`` (3,) and the ``_bwd`` ones with 2 columns),
+so it is in ``state_dict()`` and checkpoints; ``fp8_state`` is an ``FP8ModuleState`` over them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .autocast import FP8AutocastState, _BackwardStep, get_autocast_state, register_fp8_run
+from .formats import dequantize, quantize
+from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, GRAD_OUTPUT1, FP8ModuleState, ScalingMeta
+from .stats import QuantStats, quant_stats
+
+__all__ = ["FP8Linear", "FP8_MIN_CC", "convert_to_fp8", "fp8_layer_problems"]
+
+FP8_MIN_CC = (8, 9)  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90)
+_BUFFERS = {
+    "forward": ("fp8_amax_history_fwd", "fp8_scale_fwd", "fp8_scale_inv_fwd"),
+    "backward": ("fp8_amax_history_bwd", "fp8_scale_bwd", "fp8_scale_inv_bwd"),
+}
+_COLUMNS = {"forward": 3, "backward": 2}
+_STAT_SLOTS = {"input": ("forward", GEMM1_INPUT), "weight": ("forward", GEMM1_WEIGHT),
+               "grad_output": ("backward", GRAD_OUTPUT1)}  # fmt: skip
+
+
+# ---- GEMMs -------------------------------------------------------------------------------------
+def _gemm(
+    a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
+    bias: torch.Tensor | None, out_dtype: torch.dtype, emulate: bool,
+) -> torch.Tensor:  # fmt: skip
+    """``(a * a_inv) @ (b * b_inv) + bias`` for FP8 ``a`` (M, K), ``b`` (K, N); see module doc."""
+    if not emulate and a.is_cuda and any(d % 16 for d in (*a.shape, b.shape[1])):
+        emulate = True  # _scaled_mm needs every dimension divisible by 16 on CUDA
+    if emulate:
+        out = dequantize(a, a_inv) @ dequantize(b, b_inv)
+        return (out if bias is None else out + bias.float()).to(out_dtype)
+    if not a.is_cuda:
+        return torch._scaled_mm(a, b, scale_a=a_inv, scale_b=b_inv, bias=bias, out_dtype=out_dtype)
+    fused = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
+    out = torch._scaled_mm(
+        a.contiguous(), b.t().contiguous().t(), scale_a=a_inv, scale_b=b_inv,
+        bias=bias if fused else None, out_dtype=out_dtype,
+    )  # fmt: skip
+    return out + bias if bias is not None and not fused else out
+
+
+class _FP8LinearFunction(torch.autograd.Function):
+    """FP8 GEMMs forward (E4M3 x E4M3) and backward (grad format x E4M3), delayed scaling."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+        module: FP8Linear, fp8: FP8AutocastState, out_dtype: torch.dtype, emulate: bool,
+        step: _BackwardStep | None,
+    ) -> torch.Tensor:  # fmt: skip
+        fmt = fp8.recipe.fwd_format
+        with torch.autocast(x.device.type, enabled=False):
+            x2 = x.reshape(-1, x.shape[-1])
+            x_fp8, x_inv = module._quantize("input", x2, fmt, fp8.collect_stats)
+            w_fp8, w_inv = module._quantize("weight", weight, fmt, fp8.collect_stats)
+            b = None if bias is None else bias.to(out_dtype)
+            out = _gemm(x_fp8, x_inv, w_fp8.t(), w_inv, b, out_dtype, emulate)
+        ctx.save_for_backward(x_fp8, w_fp8, x_inv, w_inv)
+        ctx.module, ctx.fp8, ctx.step, ctx.emulate = module, fp8, step, emulate
+        ctx.x_shape, ctx.x_dtype, ctx.out_dtype = x.shape, x.dtype, out_dtype
+        ctx.w_dtype, ctx.b_dtype = weight.dtype, None if bias is None else bias.dtype
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        x_fp8, w_fp8, x_inv, w_inv = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dgrad = wgrad = bgrad = None
+        with torch.autocast(grad_out.device.type, enabled=False):
+            g = grad_out.reshape(-1, grad_out.shape[-1])
+            fmt, stats = ctx.fp8.recipe.bwd_format, ctx.fp8.collect_stats
+            g_fp8, g_inv = ctx.module._quantize("grad_output", g, fmt, stats)
+            if need_x:
+                dgrad = _gemm(g_fp8, g_inv, w_fp8, w_inv, None, ctx.out_dtype, ctx.emulate)
+                dgrad = dgrad.reshape(ctx.x_shape).to(ctx.x_dtype)
+            if need_w:
+                wgrad = _gemm(g_fp8.t(), g_inv, x_fp8, x_inv, None, torch.float32, ctx.emulate)
+                wgrad = wgrad.to(ctx.w_dtype)
+            if need_b and ctx.b_dtype is not None:
+                bgrad = g.float().sum(0).to(ctx.b_dtype)
+        if ctx.step is not None:  # the region's first FP8 module: its backward runs last
+            ctx.step.update()
+        return dgrad, wgrad, bgrad, None, None, None, None, None
+
+
+# ---- the module --------------------------------------------------------------------------------
+class FP8Linear(nn.Linear):
+    """``nn.Linear`` with FP8 GEMMs inside ``tutorial_lib.fp8.autocast`` (module docstring).
+
+    Like nn.Linear: in_features, out_features, bias, device, dtype; parameters ``weight``
+        (out, in) and ``bias`` with nn.Linear's init, so state dicts of the two interchange.
+    FP8:
+        amax_history_len: rows of the scaling history; it follows the recipe of the region it
+            runs in (truncated or zero-padded, as TE's ``adjust_amax_history_length``).
+        emulate: True allows the exact emulation path on CUDA GPUs without FP8 tensor cores
+            (and selects it on the CPU); None defers to ``autocast(emulate=...)``.
+        collect_stats: record ``fp8_stats()`` at every quantize (costs a few passes per tensor).
+    Shapes (TE's rules): in_features and out_features multiples of 16; in FP8, the product of
+        the input's leading dimensions (tokens) a multiple of 8. Else a ValueError naming the
+        layer (``fp8_name``, set by ``convert_to_fp8``).
+    Loading a state dict: a plain ``nn.Linear`` one (no FP8 entries at all) loads strictly and
+        keeps the current scaling state; a partial one, or one whose history length differs,
+        fails with a message saying what to do.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True,
+        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+        amax_history_len: int = 1024, emulate: bool | None = None, collect_stats: bool = False,
+    ) -> None:  # fmt: skip
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.emulate, self.collect_stats = emulate, collect_stats
+        self.fp8_name: str | None = None
+        self._last_stats: dict[str, QuantStats] = {}
+        self._init_fp8_buffers(amax_history_len, device)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, **fp8_kwargs: Any) -> FP8Linear:
+        """An FP8Linear holding ``linear``'s own Parameter objects (so ties and optimizers see the
+        same tensors); scaling buffers on the weight's device."""
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                  device="meta", **fp8_kwargs)  # fmt: skip
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new._init_fp8_buffers(new.fp8_state.forward.history_len, linear.weight.device)
+        new.train(linear.training)
+        return new
+
+    def _init_fp8_buffers(self, length: int, device: torch.device | str | None) -> None:
+        fresh = FP8ModuleState(
+            ScalingMeta.create(_COLUMNS["forward"], length, device),
+            ScalingMeta.create(_COLUMNS["backward"], length, device),
+        )
+        for direction, names in _BUFFERS.items():
+            meta = getattr(fresh, direction)
+            for name, key in zip(names, ("amax_history", "scale", "scale_inv"), strict=True):
+                self.register_buffer(name, getattr(meta, key))
+        self._bind_state()
+
+    def _bind_state(self) -> None:
+        """(Re)build ``fp8_state`` as views of the buffers (after ``.to()``, a resize, ...)."""
+        metas = [ScalingMeta(*(self._buffers[n] for n in _BUFFERS[d])) for d in _BUFFERS]
+        self.fp8_state = FP8ModuleState(*metas)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> FP8Linear:  # type: ignore[override]
+        super()._apply(fn, recurse)
+        for names in _BUFFERS.values():  # scaling state stays float32 under .half()/.to(bf16)
+            for name in names:
+                if self._buffers[name].dtype != torch.float32:
+                    self._buffers[name] = self._buffers[name].float()
+        self._bind_state()
+        return self
+
+    def _ensure_history_len(self, length: int) -> None:
+        current = self.fp8_state.forward.history_len
+        if length == current:
+            return
+        for names in _BUFFERS.values():
+            old = self._buffers[names[0]]
+            new = old.new_zeros(length, old.shape[1])
+            keep = min(length, current)
+            new[:keep] = old[:keep]
+            self._buffers[names[0]] = new
+        self._bind_state()
+
+    # ---- forward ---------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fp8 = get_autocast_state()
+        if fp8 is None or not (fp8.enabled or fp8.calibrating):
+            return F.linear(x, self.weight, self.bias)
+        self._ensure_history_len(fp8.recipe.amax_history_len)
+        if not fp8.enabled:  # calibration: high precision, amaxes of input and weight only
+            self.fp8_state.forward.record_amax(GEMM1_INPUT, x)
+            self.fp8_state.forward.record_amax(GEMM1_WEIGHT, self.weight)
+            return F.linear(x, self.weight, self.bias)
+        self._check_fp8_shapes(x)
+        emulate = self._resolve_emulate(x.device, fp8)
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        step = register_fp8_run(self.fp8_state, fp8)
+        fp8 = fp8 if fp8.collect_stats or not self.collect_stats else _with_stats(fp8)
+        return _FP8LinearFunction.apply(
+            x, self.weight, self.bias, self, fp8, out_dtype, emulate, step
+        )
+
+    def _quantize(
+        self, name: str, x: torch.Tensor, fmt: Any, collect_stats: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantize with the current scale, record amax into row 0; (fp8 tensor, scale_inv)."""
+        direction, index = _STAT_SLOTS[name]
+        meta: ScalingMeta = getattr(self.fp8_state, direction)
+        scale = meta.scale[index]
+        q = quantize(x, fmt, scale)
+        meta.record_amax(index, x)
+        if collect_stats:
+            self._last_stats[name] = quant_stats(x, fmt, scale)
+        return q, meta.scale_inv[index].clone()  # a copy: the update at exit rewrites the buffer
+
+    def _layer_name(self) -> str:
+        return self.fp8_name or f"FP8Linear({self.in_features} -> {self.out_features})"
+
+    def _check_fp8_shapes(self, x: torch.Tensor) -> None:
+        tokens = math.prod(x.shape[:-1])
+        problems = _weight_problems(self.in_features, self.out_features)
+        if tokens % 8:
+            problems.append(f"the input's leading dimensions {tuple(x.shape[:-1])} multiply to "
+                            f"{tokens}, not a multiple of 8")  # fmt: skip
+        if problems:
+            raise ValueError(
+                f"FP8 GEMM shape error in layer {self._layer_name()}: " + "; ".join(problems)
+                + ". FP8 GEMMs need in/out features that are multiples of 16 and a token count "
+                "(batch x sequence) that is a multiple of 8: choose such sizes or pad."
+            )  # fmt: skip
+
+    def _resolve_emulate(self, device: torch.device, fp8: FP8AutocastState) -> bool:
+        emulate = self.emulate if self.emulate is not None else bool(fp8.emulate)
+        if device.type != "cuda" or emulate:
+            return emulate
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        cc = torch.cuda.get_device_capability(index)
+        if tuple(cc) < FP8_MIN_CC:
+            raise RuntimeError(
+                f"{self._layer_name()}: FP8 GEMMs need a GPU with FP8 tensor cores (sm_89+: Ada, "
+                f"Hopper); {torch.cuda.get_device_name(index)} is sm_{cc[0]}{cc[1]}. To run the "
+                "exact but slow emulation (dequantize, then a float32 matmul) ask for it: "
+                "FP8Linear(..., emulate=True), tutorial_lib.fp8.autocast(emulate=True), or "
+                "make_fp8_policy(emulate=True). Or train with 'bf16'."
+            )
+        return False
+
+    # ---- statistics and checkpoints --------------------------------------------------------
+    def fp8_stats(self) -> dict[str, dict[str, float | None]]:
+        """Per tensor (input, weight, grad_output): the current ``scale`` and, from the last
+        quantize with stats collection on (``quant_stats`` semantics), ``amax``, ``saturated``,
+        ``flushed``, ``rel_rmse`` and the ``scale`` used then (``scale_used``); None if never."""
+        out: dict[str, dict[str, float | None]] = {}
+        for name, (direction, index) in _STAT_SLOTS.items():
+            last = self._last_stats.get(name)
+            meta: ScalingMeta = getattr(self.fp8_state, direction)
+            row = {"scale": float(meta.scale[index])}
+            for key in ("amax", "saturated", "flushed", "rel_rmse"):
+                row[key] = None if last is None else getattr(last, key)
+            row["scale_used"] = None if last is None else last.scale
+            out[name] = row
+        return out
+
+    def _load_from_state_dict(
+        self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
+        missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
+    ) -> None:  # fmt: skip
+        names = [n for ns in _BUFFERS.values() for n in ns]
+        present = [n for n in names if prefix + n in state_dict]
+        if not present:  # a plain nn.Linear state dict: keep the current scaling state
+            persistent = dict(self._buffers)
+            for n in names:
+                self._buffers.pop(n)
+            try:
+                super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                              missing_keys, unexpected_keys, error_msgs)  # fmt: skip
+            finally:
+                self._buffers.clear()
+                self._buffers.update(persistent)
+            return
+        saved = state_dict[prefix + names[0]].shape if prefix + names[0] in state_dict else None
+        ours = self.fp8_state.forward.amax_history.shape
+        if saved is not None and tuple(saved) != tuple(ours):
+            error_msgs.append(
+                f"{prefix}{names[0]}: the checkpoint's FP8 amax history has shape "
+                f"{tuple(saved)}, this layer's {tuple(ours)}. Build the FP8 layers with "
+                f"amax_history_len={saved[0]} (convert_to_fp8(..., amax_history_len={saved[0]}) "
+                f"and DelayedScaling(amax_history_len={saved[0]})) before loading."
+            )
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)  # fmt: skip
+
+    def extra_repr(self) -> str:
+        length = self.fp8_state.forward.history_len
+        return f"{super().extra_repr()}, amax_history_len={length}, emulate={self.emulate}"
+
+
+def _with_stats(fp8: FP8AutocastState) -> FP8AutocastState:
+    return replace(fp8, collect_stats=True)
+
+
+def _weight_problems(in_features: int, out_features: int) -> list[str]:
+    return [f"{what} = {n} is not a multiple of 16"
+            for what, n in (("in_features", in_features), ("out_features", out_features))
+            if n % 16]  # fmt: skip
+
+
+# ---- converting a model ------------------------------------------------------------------------
+def _targets(model: nn.Module, include_lm_head: bool) -> list[tuple[str, nn.Linear]]:
+    counts: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        counts[id(p)] = counts.get(id(p), 0) + 1
+    shared = {pid for pid, n in counts.items() if n > 1}
+    return [
+        (name, m) for name, m in model.named_modules()
+        if type(m) is nn.Linear and (include_lm_head or (
+            id(m.weight) not in shared and name.rsplit(".", 1)[-1] != "lm_head"))
+    ]  # fmt: skip
+
+
+def fp8_layer_problems(model: nn.Module, include_lm_head: bool = False) -> list[str]:
+    """``"name: in -> out (why)"`` for every Linear ``convert_to_fp8`` would swap but cannot."""
+    return [
+        f"{name}: {m.in_features} -> {m.out_features} ({'; '.join(problems)})"
+        for name, m in _targets(model, include_lm_head)
+        if (problems := _weight_problems(m.in_features, m.out_features))
+    ]
+
+
+def convert_to_fp8(
+    model: nn.Module, include_lm_head: bool = False, emulate: bool | None = None,
+    amax_history_len: int = 1024, collect_stats: bool = False,
+) -> nn.Module:  # fmt: skip
+    """Swap every ``nn.Linear`` of ``model`` (in place) for an ``FP8Linear``; returns ``model``.
+
+    The new layers hold the old Parameter objects (no copy; ties stay tied). Not swapped:
+    embeddings, subclasses of nn.Linear, and, unless ``include_lm_head``, a Linear whose weight
+    is shared or that is named ``lm_head`` (the GPT's tied head is ``F.linear`` on the embedding,
+    so it is never a module). All layers with illegal shapes are listed in one ValueError.
+    """
+    targets = _targets(model, include_lm_head)
+    problems = fp8_layer_problems(model, include_lm_head)
+    if problems:
+        raise ValueError(
+            "convert_to_fp8: FP8 GEMMs need Linear in/out features that are multiples of 16; "
+            "these layers are not: " + "; ".join(problems)
+            + ". Choose widths that are multiples of 16 (e.g. n_embd 32, 64, 128) or pad."
+        )  # fmt: skip
+    kwargs = {"emulate": emulate, "amax_history_len": amax_history_len,
+              "collect_stats": collect_stats}  # fmt: skip
+    for name, old in targets:
+        new = FP8Linear.from_linear(old, **kwargs)
+        new.fp8_name = name
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, new)
+    return model
