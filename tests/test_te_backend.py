@@ -30,6 +30,7 @@ from torch import nn
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8 import te_backend
+from tutorial_lib.fp8.policy import FP8_LOSS_TOLERANCE
 from tutorial_lib.fp8.te_backend import (
     TE_POLICY_NAME,
     TELayers,
@@ -401,9 +402,8 @@ def test_scaling_state_reads_fp8_meta() -> None:
 
 
 # ---- with Transformer Engine and an sm_89+ GPU -------------------------------------------------
-# FP8 against BF16 over a short run of the small model. Not yet measured: a guess to calibrate
-# on the first Hopper run (per-step losses should differ by FP8 rounding noise only).
-FP8_LOSS_TOLERANCE = 0.1
+# FP8 against BF16 over a short run of the small model: FP8_LOSS_TOLERANCE, measured for our fp8
+# policy on the CPU (tutorial_lib/fp8/policy.py); to be confirmed on the first Hopper run.
 GPU_STEPS, GPU_BATCH, GPU_HISTORY = 12, 8, 16
 
 

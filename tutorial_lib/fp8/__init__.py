@@ -10,6 +10,8 @@ section below (tests/test_fp8_scaling.py checks that the lists agree).
 
 from __future__ import annotations
 
+from . import te_backend
+from .autocast import FP8AutocastState, autocast, get_autocast_state, is_fp8_enabled
 from .formats import (
     E4M3,
     E5M2,
@@ -19,6 +21,14 @@ from .formats import (
     get_fp8_format,
     quantize,
     representable_values,
+)
+from .linear import FP8_MIN_CC, FP8Linear, convert_to_fp8, fp8_layer_problems
+from .policy import (
+    FP8_LOSS_TOLERANCE,
+    FP8_POLICY_NAME,
+    check_fp8_device,
+    make_fp8_policy,
+    register_fp8_policy,
 )
 from .scaling import (
     FLT_MAX,
@@ -38,17 +48,6 @@ from .scaling import (
     update_amax_and_scale,
 )
 from .stats import QuantStats, capture_gemm_tensors, error_vs_scale, quant_stats, scale_for
-
-from .autocast import FP8AutocastState, autocast, get_autocast_state, is_fp8_enabled  # noqa: I001
-from .linear import FP8_MIN_CC, FP8Linear, convert_to_fp8, fp8_layer_problems
-from .policy import (
-    FP8_LOSS_TOLERANCE,
-    FP8_POLICY_NAME,
-    check_fp8_device,
-    make_fp8_policy,
-    register_fp8_policy,
-)
-from . import te_backend
 
 __all__ = [
     # formats

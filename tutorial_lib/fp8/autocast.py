@@ -103,7 +103,9 @@ def register_fp8_run(state: FP8ModuleState, fp8: FP8AutocastState) -> _BackwardS
     return region.backward if first else None
 
 
-def _update_states(entries: list[tuple[FP8ModuleState, DelayedScaling, Any]], forward: bool) -> None:
+def _update_states(
+    entries: list[tuple[FP8ModuleState, DelayedScaling, Any]], forward: bool
+) -> None:
     """One delayed-scaling update of each entry's forward or backward group; the amaxes of entries
     sharing a reduction group (and wanting reduction) go through one MAX all-reduce."""
     by_group: dict[int, list[tuple[FP8ModuleState, DelayedScaling, Any]]] = {}

@@ -26,10 +26,11 @@ __all__ = [
 ]
 
 FP8_POLICY_NAME = "fp8"
-# How close (nats, per step) the fp8 policy's training loss stays to bf16's, same seed and data.
-# Measured on the CPU (tests/test_fp8_training.py: GPT 2 layers, width 32, block 32, batch 8,
-# lr 3e-3, 20 steps): max |fp8 - bf16| per step = 0.0043 for seed 0 and at most 0.0061 over
-# seeds 0-4. 0.05 leaves an 8x margin and equals BF16_LOSS_TOLERANCE (bf16 vs fp32).
+# How close (nats, per step) the fp8 policy's training loss stays to bf16's, same init and data.
+# Measured on the CPU (emulated FP8 GEMMs; GPT 2 layers, 2 heads, width 32, block 32, batch 8,
+# lr 3e-3, 2 warm-up steps, 20 steps, default DelayedScaling): max |fp8 - bf16| per step was
+# 0.0003 for seed 0, 0.0137 at worst over seeds 0-19 (median 0.002); bf16 vs fp32 at worst
+# 0.0089. 0.05 leaves a 3.6x margin over the worst seed and equals BF16_LOSS_TOLERANCE.
 FP8_LOSS_TOLERANCE: float = 0.05
 
 

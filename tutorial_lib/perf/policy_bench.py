@@ -90,7 +90,10 @@ def run_policy(
         torch.cuda.empty_cache()  # so the previous policy's cached blocks do not count here
     reset_peak_memory(device)
     with policy.matmul_settings():
-        step, model = make_step(policy, cfg, batch, device)
+        try:  # only building the step may refuse (fp8: widths not multiples of 16)
+            step, model = make_step(policy, cfg, batch, device)
+        except ValueError as exc:
+            return {**row, "skipped": str(exc)}
         result = benchmark(step, warmup=timing[0], iters=timing[1], device=device)
     tokens_per_s = batch * cfg.block_size / result.median
     flops_per_token = model.flops_per_token(training=True, seq_len=cfg.block_size)

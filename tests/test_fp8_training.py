@@ -1,0 +1,121 @@
+"""The ``fp8`` precision policy end to end: registry, device checks, training close to BF16,
+checkpoints that resume bit for bit, and the CLI."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tutorial_lib.__main__ import main
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import TokenData
+from tutorial_lib.fp8 import (
+    FP8_LOSS_TOLERANCE,
+    FP8Linear,
+    check_fp8_device,
+    convert_to_fp8,
+    make_fp8_policy,
+)
+from tutorial_lib.model import GPT
+from tutorial_lib.precision import get_policy
+from tutorial_lib.train import TrainConfig, Trainer
+
+# Widths that are multiples of 16, B*T = 8*32 a multiple of 8.
+CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)
+
+
+def _trainer(
+    model: GPT, data: TokenData, precision: str, steps: int, out: Path | None = None
+) -> Trainer:
+    cfg = TrainConfig(
+        steps=steps, batch_size=8, lr=3e-3, warmup_steps=2, eval_every=0, precision=precision,
+        progress=False, seed=0,
+    )  # fmt: skip
+    return Trainer(copy.deepcopy(model), data, cfg, device="cpu", out_dir=out)
+
+
+@pytest.fixture
+def data(data_factory: Callable[..., TokenData]) -> Callable[[], TokenData]:
+    return lambda: data_factory(seed=0, block_size=CFG.block_size)
+
+
+# ---- the policy --------------------------------------------------------------------------------
+def test_policy_fields() -> None:
+    policy = get_policy("fp8", "cpu")
+    assert (policy.name, policy.autocast_dtype, policy.peak_dtype) == ("fp8", torch.bfloat16, "fp8")
+    assert policy.prepare_model is convert_to_fp8 and not policy.grad_scaler
+
+
+def test_get_policy_imports_fp8_lazily() -> None:
+    code = (
+        "import sys; from tutorial_lib.precision import get_policy\n"
+        "assert 'tutorial_lib.fp8' not in sys.modules\n"
+        "assert get_policy('fp8').name == 'fp8'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_device_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Fake A100")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(RuntimeError, match=r"sm_80.*emulate=True"):
+        get_policy("fp8").validate("cuda")
+    make_fp8_policy(emulate=True).validate("cuda")  # opted in
+    check_fp8_device("cpu")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    get_policy("fp8").validate("cuda:0")
+
+
+# ---- training ----------------------------------------------------------------------------------
+def test_fp8_trains_close_to_bf16(data: Callable[[], TokenData]) -> None:
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    fp8 = _trainer(model, data(), "fp8", 20)
+    assert sum(isinstance(m, FP8Linear) for m in fp8.model.modules()) == 4 * CFG.n_layer
+    fp8_losses = [row["loss"] for row in fp8.train()]
+    bf16_losses = [row["loss"] for row in _trainer(model, data(), "bf16", 20).train()]
+    assert all(torch.isfinite(torch.tensor(fp8_losses)))
+    assert fp8_losses[-1] < fp8_losses[0] - 1.0
+    gap = max(abs(a - b) for a, b in zip(fp8_losses, bf16_losses, strict=True))
+    assert gap < FP8_LOSS_TOLERANCE, gap
+    qkv = fp8.model.blocks[0].attn.qkv
+    assert qkv.fp8_scale_fwd[0] != 1 and qkv.fp8_scale_bwd[0] != 1  # the scales moved
+
+
+def test_resume_reproduces_the_uninterrupted_run(
+    data: Callable[[], TokenData], tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    straight = _trainer(model, data(), "fp8", 12)
+    straight.train()
+    first = _trainer(model, data(), "fp8", 12)
+    first.train(6)
+    path = first.save(tmp_path / "ckpt.pt")
+    saved = torch.load(path, weights_only=False)["model"]
+    assert saved["blocks.0.attn.qkv.fp8_amax_history_fwd"].abs().sum() > 0
+    torch.manual_seed(123)  # a different init: everything must come from the checkpoint
+    second = _trainer(GPT(CFG), data(), "fp8", 12)
+    second.resume(path)
+    second.train()
+    losses = [row["loss"] for row in second.history]
+    assert losses == [row["loss"] for row in straight.history]
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(second.model.state_dict()[key], value), key
+
+
+def test_cli_trains_with_fp8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    args = ["train", "--precision", "fp8", "--preset", "ci", "--steps", "3", "--batch-size", "4",
+            "--out", str(out), "--device", "cpu", "--no-progress"]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    assert (out / "checkpoint.pt").exists()
+    state = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    assert any(key.endswith("fp8_scale_fwd") for key in state)
