@@ -2,6 +2,7 @@
 summaries, and the recorded-results format every benchmark writes."""
 
 from .flops import count_flops, flops_by_op, train_step_flops
+from .fp8_model import GemmCost, linear_layer_cost, sweep
 from .memory import MemoryReport, memory_report, peak_memory_bytes, reset_peak_memory
 from .mfu import format_mfu, mfu, tokens_per_second
 from .policy_bench import benchmark_policies, make_step, run_policy
@@ -65,6 +66,10 @@ __all__ = [
     "measure_cpu_roof",
     "model_ops",
     "plot_roofline",
+    # FP8 cost model (chapter 5)
+    "GemmCost",
+    "linear_layer_cost",
+    "sweep",
     # recorded results
     "environment_stamp",
     "write_results",

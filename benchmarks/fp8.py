@@ -1,0 +1,220 @@
+"""Measure what FP8 buys: GEMM throughput by hidden size, and training tokens/s per policy.
+
+    python benchmarks/fp8.py [--preset ci|hopper] [--sizes 256,512,...] [--tokens N]
+                             [--iters N] [--out DIR]
+
+(a) ``fp8_gemm``: for each hidden size h, an MLP up-projection GEMM (tokens x h) @ (h x 4h),
+    timed with ``perf.benchmark`` three ways: BF16 ``torch.matmul``; FP8 ``torch._scaled_mm``
+    (E4M3 operands, unit inverse scales, BF16 output; on CUDA the second operand column-major);
+    and the cast of both BF16 operands to E4M3 (``fp8.formats.quantize``), which FP8 pays and
+    BF16 does not. One row per (h, op). On a CUDA GPU below sm_89 the FP8 row is skipped with
+    the reason. On a CPU every row runs and carries a ``note``: nothing there is a tensor core.
+(b) ``fp8_train``: one full training step of the preset's model under ``bf16``, ``fp8`` and
+    ``te-fp8`` (``perf.benchmark_policies``); a policy this machine cannot run (``te-fp8``
+    without Transformer Engine) is a row with ``skipped`` and the reason.
+
+Both go through ``perf.write_results`` (stamped with device and date) and are printed.
+Numbers are for the device this ran on, and say so: a CPU run is a CPU result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tutorial_lib.config import RunPreset, get_preset
+from tutorial_lib.fp8.formats import E4M3, quantize
+from tutorial_lib.hardware import default_device, describe_device, fp8_gemm_status
+from tutorial_lib.perf import (
+    BenchResult,
+    benchmark,
+    benchmark_policies,
+    environment_stamp,
+    markdown_table,
+    results_label,
+    write_results,
+)
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+# preset -> (hidden sizes, tokens) of the GEMM sweep. BF16 is ~1 GFLOP/s on the CI CPU.
+GEMM_DEFAULTS: dict[str, tuple[tuple[int, ...], int]] = {
+    "ci": ((128, 256, 512), 256),
+    "hopper": ((1024, 2048, 4096, 8192), 16384),
+}
+TRAIN_POLICIES = ("bf16", "fp8", "te-fp8")
+CPU_NOTES = {
+    "bf16 matmul": "CPU: no BF16 matrix units here; not a tensor-core result",
+    "fp8 _scaled_mm": "CPU: _scaled_mm computes in FP32; not an FP8 tensor-core result",
+    "fp8 cast": "CPU: a CPU cast; not a GPU result",
+}
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default=None, help="ci or hopper (default: $TUTORIAL_PRESET/auto)")
+    p.add_argument("--sizes", type=_int_list, default=None, help="hidden sizes, e.g. 256,512")
+    p.add_argument("--tokens", type=int, default=None, help="GEMM rows (default: per preset)")
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=None,
+        help="timed iterations (default: the preset's bench_iters)",
+    )
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="results folder")
+    args = p.parse_args(argv)
+    if args.iters is not None and args.iters < 1:
+        p.error(f"--iters must be >= 1, got {args.iters}")
+    if args.tokens is not None and args.tokens < 1:
+        p.error(f"--tokens must be >= 1, got {args.tokens}")
+    if args.sizes is not None and (not args.sizes or min(args.sizes) < 1):
+        p.error(f"--sizes must be positive integers, got {args.sizes}")
+    return args
+
+
+def fp8_skip_reason(device: torch.device, tokens: int, h: int) -> str | None:
+    """Why an FP8 GEMM of this shape cannot run on ``device``'s tensor cores, or None."""
+    if device.type != "cuda":
+        return None  # the CPU runs _scaled_mm (in FP32): the row runs, with a note
+    ok, reason = fp8_gemm_status(device)
+    if not ok:
+        return reason
+    if tokens % 16 or h % 16:
+        return f"_scaled_mm needs every dimension divisible by 16; got tokens {tokens}, h {h}"
+    return None
+
+
+def _row(
+    op: str, tokens: int, h: int, seconds: BenchResult, device: torch.device
+) -> dict[str, Any]:
+    row = {
+        "op": op,
+        "h": h,
+        "m": tokens,
+        "n": 4 * h,
+        "k": h,
+        "time_ms": 1e3 * seconds.median,
+        "time_min_ms": 1e3 * seconds.min,
+        "iters": seconds.iters,
+    }
+    if device.type == "cpu":
+        row["note"] = CPU_NOTES[op]
+    return row
+
+
+def _fp8_rows(
+    a: torch.Tensor, b: torch.Tensor, t_bf16: BenchResult, timing: tuple[int, int]
+) -> list[dict[str, Any]]:
+    """The FP8 GEMM and the cast of its operands, for BF16 ``a`` (tokens, h), ``b`` (h, 4h)."""
+    (tokens, h), device = a.shape, a.device
+    one = torch.ones((), dtype=torch.float32, device=device)
+    a8, b8 = quantize(a, E4M3, one), quantize(b, E4M3, one)
+    if device.type == "cuda":
+        b8 = b8.t().contiguous().t()  # cuBLASLt's FP8 GEMM wants the second operand column-major
+
+    def fp8_gemm() -> torch.Tensor:
+        return torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    def cast() -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize(a, E4M3, one), quantize(b, E4M3, one)
+
+    t_fp8 = benchmark(fp8_gemm, *timing, device)
+    t_cast = benchmark(cast, *timing, device)
+    fp8 = {**_row("fp8 _scaled_mm", tokens, h, t_fp8, device),
+           "tflops": 8.0 * tokens * h * h / t_fp8.median / 1e12}  # fmt: skip
+    if device.type == "cuda":  # on a CPU the ratio compares two emulations: left out
+        fp8["speedup_vs_bf16"] = t_bf16.median / t_fp8.median
+        fp8["speedup_with_cast"] = t_bf16.median / (t_fp8.median + t_cast.median)
+    cast_bytes = 3 * (a.numel() + b.numel())  # read BF16 (2 B), write FP8 (1 B)
+    cast_row = {**_row("fp8 cast", tokens, h, t_cast, device),
+                "gb_per_s": cast_bytes / t_cast.median / 1e9}  # fmt: skip
+    return [fp8, cast_row]
+
+
+def gemm_rows(
+    tokens: int, h: int, device: torch.device, timing: tuple[int, int]
+) -> list[dict[str, Any]]:
+    """The BF16 GEMM, the FP8 GEMM (or why it was skipped) and the FP8 cast, for one h."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(tokens, h, generator=gen, device=device).to(torch.bfloat16)
+    b = torch.randn(h, 4 * h, generator=gen, device=device).to(torch.bfloat16)
+    t_bf16 = benchmark(lambda: torch.matmul(a, b), *timing, device)
+    bf16 = {**_row("bf16 matmul", tokens, h, t_bf16, device),
+            "tflops": 8.0 * tokens * h * h / t_bf16.median / 1e12}  # fmt: skip
+    reason = fp8_skip_reason(device, tokens, h)
+    if reason is None:
+        return [bf16, *_fp8_rows(a, b, t_bf16, timing)]
+    skipped = {"op": "fp8 _scaled_mm", "h": h, "m": tokens, "n": 4 * h, "k": h, "skipped": reason}
+    return [bf16, skipped]
+
+
+def train_rows(preset: RunPreset, device: torch.device, timing: tuple[int, int]) -> list[dict]:
+    """``benchmark_policies`` for bf16, fp8 and te-fp8; on a CPU the fp8 row says it emulates."""
+    rows = benchmark_policies(preset, device=device, policies=list(TRAIN_POLICIES), timing=timing)
+    for row in rows:
+        if device.type == "cpu" and row["policy"] == "fp8" and "skipped" not in row:
+            extra = "FP8 GEMMs emulated (torch._scaled_mm computes in FP32 on a CPU)"
+            row["note"] = f"{row['note']}; {extra}" if row.get("note") else extra
+    return rows
+
+
+def _print(title: str, env: dict[str, Any], rows: list[dict[str, Any]], path: Path) -> None:
+    print(f"{title}: {results_label({'environment': env})}")
+    print(markdown_table(rows))
+    print(f"wrote {path} and {path.with_suffix('.md').name}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> tuple[Path, Path]:
+    """Run both benchmarks; returns the paths of the two JSON files (fp8_gemm, fp8_train)."""
+    args = parse_args(argv)
+    preset = get_preset(args.preset)
+    device = default_device()
+    sizes, tokens = GEMM_DEFAULTS.get(preset.name, GEMM_DEFAULTS["ci"])
+    sizes, tokens = args.sizes or list(sizes), args.tokens or tokens
+    iters = args.iters or preset.bench_iters
+    timing = (min(preset.bench_warmup, iters), iters)
+    env = {**environment_stamp(device), "preset": preset.name}
+    print(env["device_summary"])
+    base = {
+        "preset": preset.name,
+        "warmup": timing[0],
+        "iters": timing[1],
+        "cpu_threads": torch.get_num_threads(),
+    }
+    gemm = [row for h in sizes for row in gemm_rows(tokens, h, device, timing)]
+    gemm_meta = {
+        **base,
+        "tokens": tokens,
+        "sizes": sizes,
+        "fp8_gemm_status": fp8_gemm_status(device)[1],
+        "timing": "median per call; GEMM (tokens x h) @ (h x 4h), BF16 output; "
+        "fp8 cast = both operands BF16 -> E4M3",
+    }
+    gemm_path = write_results("fp8_gemm", gemm, args.out, gemm_meta, environment=env)
+    _print(f"fp8 GEMM benchmark, preset {preset.name}", env, gemm, gemm_path)
+    train = train_rows(preset, device, timing)
+    cfg = preset.model_config()
+    train_meta = {
+        **base,
+        "model": preset.model,
+        "model_config": dataclasses.asdict(cfg),
+        "batch": preset.bench_batch_size,
+        "bf16_supported": describe_device(device).bf16_supported,
+        "timing": "median of iters full training steps (AdamW), synthetic tokens",
+    }
+    train_path = write_results("fp8_train", train, args.out, train_meta, environment=env)
+    _print(f"fp8 training benchmark, preset {preset.name}", env, train, train_path)
+    return gemm_path, train_path
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
