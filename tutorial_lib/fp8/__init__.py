@@ -48,8 +48,10 @@ from .scaling import (
     update_amax_and_scale,
 )
 from .stats import QuantStats, capture_gemm_tensors, error_vs_scale, quant_stats, scale_for
+from .te_backend import te_available
 
 __all__ = [
+    "te_available",
     # formats
     "FP8Format",
     "E4M3",
