@@ -60,3 +60,13 @@ def test_capture_gemm_tensors_shapes_and_no_leftover_grads(tiny_cfg: GPTConfig) 
     assert qkv["grad_output"].shape == (3, TINY.block_size, 3 * TINY.n_embd)
     assert qkv["grad_output"].abs().sum() > 0
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_capture_only_named_layers(tiny_cfg: GPTConfig) -> None:
+    torch.manual_seed(0)
+    model = GPT(tiny_cfg)
+    idx = torch.randint(tiny_cfg.vocab_size, (2, tiny_cfg.block_size))
+    got = capture_gemm_tensors(model, idx, idx, names=["blocks.1.mlp.proj"])
+    assert list(got) == ["blocks.1.mlp.proj"] and set(got["blocks.1.mlp.proj"]) == {
+        "input", "weight", "grad_output"
+    }  # fmt: skip

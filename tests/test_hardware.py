@@ -62,7 +62,7 @@ def test_describe_unsupported_device_type() -> None:
         ("NVIDIA H200", "H200"),
         ("NVIDIA H200 141GB HBM3e", "H200"),
         ("NVIDIA A100-SXM4-80GB", "A100"),
-        ("NVIDIA A100-SXM4-40GB", "A100"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
         ("NVIDIA B200", "B200"),
     ],
 )
@@ -249,3 +249,9 @@ def test_describe_explicit_cuda_index(monkeypatch: pytest.MonkeyPatch) -> None:
     info = describe_device("cuda:3")
     assert queried == [3]
     assert info.spec is SPECS["H200"]
+
+
+@pytest.mark.parametrize("name", ["NVIDIA GH200 480GB", "NVIDIA H100 NVL", "NVIDIA A100-SXM4-40GB"])
+def test_variants_with_other_numbers_are_unknown(name: str) -> None:
+    """Better no MFU than MFU against another card's datasheet."""
+    assert lookup_spec(name) is None

@@ -103,7 +103,7 @@ def test_write_results_file_names_and_content(tmp_path: Path) -> None:
     path = write_results(
         "precision", rows, tmp_path / "new", {"preset": "ci"}, environment=H200_NEW
     )
-    assert path == tmp_path / "new" / "precision__nvidia-h200__2025-03-05.json"
+    assert path == tmp_path / "new" / "precision__nvidia-h200__hopper__2025-03-05.json"
     record = json.loads(path.read_text())
     assert record == {"benchmark": "precision", "environment": H200_NEW,
                       "meta": {"preset": "ci"}, "rows": rows}  # fmt: skip
@@ -189,7 +189,7 @@ def test_latest_hopper_results_ignores_other_gpus(tmp_path: Path) -> None:
 
 def test_results_label() -> None:
     assert results_label({"environment": H200_NEW}) == (
-        "measured on NVIDIA H200 on 2025-03-05 (torch 2.7.0, CUDA 12.8)"
+        "measured on NVIDIA H200 on 2025-03-05, preset hopper (torch 2.7.0, CUDA 12.8)"
     )
     assert results_label({"environment": CPU}).endswith("(torch 2.7.0, CUDA none)")
 
@@ -214,3 +214,15 @@ def test_markdown_file_has_every_row(tmp_path: Path) -> None:
 
 def test_markdown_table_without_rows() -> None:
     assert markdown_table([]) == "(no rows)"
+
+
+def test_a_ci_run_on_hopper_is_not_a_hopper_result(tmp_path: Path) -> None:
+    """A ci-preset run on an H200 keeps its own file and is never shown as the hopper result."""
+    hopper = {**H200_NEW, "preset": "hopper"}
+    ci = {**H200_NEW, "preset": "ci", "date": "2025-03-06T00:00:00+00:00"}
+    write_results("precision", [{"policy": "bf16"}], tmp_path, environment=hopper)
+    write_results("precision", [{"policy": "fp32"}], tmp_path, environment=ci)
+    assert len(list(tmp_path.glob("precision__*.json"))) == 2
+    rec = latest_hopper_results("precision", tmp_path)
+    assert rec is not None and rec["rows"] == [{"policy": "bf16"}]
+    assert "preset hopper" in results_label(rec)

@@ -90,7 +90,7 @@ def _nearest_divisor(n: int, near: int) -> int:
 # GPT-2 sizes follow Radford et al. (2019) with GPT-2's 50257-token vocabulary; the book trains
 # them on bytes, so `vocab_size` is set to 256 by the presets when needed.
 MODEL_SIZES: dict[str, GPTConfig] = {
-    # CI-sized: a few hundred thousand parameters, trains in seconds on 2 CPU cores.
+    # CI-sized: 0.84M parameters, ~0.2-0.3 s per FP32 training step on 2 CPU cores.
     "tiny": GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
     "small": GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384),
     "gpt2-124m": GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
@@ -169,7 +169,7 @@ PRESETS: dict[str, RunPreset] = {
         sample_tokens=120,
     ),
     # One H100/H200: GPT-2 124M shape on bytes (vocab 256), 16K tokens per step; 200 steps keep
-    # chapter 1 (FP32) to about a minute on an H200.
+    # chapter 1 (FP32) to a couple of minutes on an H200 (an estimate until issue 9's run).
     "hopper": RunPreset(
         name="hopper",
         model="gpt2-124m",

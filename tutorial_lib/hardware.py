@@ -125,8 +125,15 @@ _NAME_PATTERNS: list[tuple[str, str]] = [
 ]
 
 
+# Variants whose numbers differ from the table's entries (GH200's memory, H100 NVL's clocks and
+# memory, A100 40GB's 1.6 TB/s): unknown rather than wrong.
+_NOT_IN_TABLE = ("GH200", "H100 NVL", "40GB")
+
+
 def lookup_spec(device_name: str) -> DeviceSpec | None:
     """The datasheet entry for a device name as CUDA reports it, or None if unknown."""
+    if any(v.lower() in device_name.lower() for v in _NOT_IN_TABLE):
+        return None
     for pattern, key in _NAME_PATTERNS:
         if pattern.lower() in device_name.lower():
             return SPECS[key]

@@ -182,7 +182,7 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         info = describe_device(self.device)
         self._spec = info.spec
-        self._flops_per_token = model.flops_per_token(training=True)
+        self._flops_per_token = model.flops_per_token(training=True, seq_len=data.block_size)
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         params = [p for p in self.model.parameters() if p.requires_grad]

@@ -2,10 +2,11 @@
 
 Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (the
 ``DelayedScaling`` recipe, per-module state, the update rule, amax reduction), ``stats``
-(quantization statistics and capture of a model's GEMM operands), and ``te_backend`` (the
-optional Transformer Engine backend, imported on demand). This package
-re-exports each module's ``__all__``; a new module adds its import block and its ``__all__``
-section below (tests/test_fp8_scaling.py checks that the lists agree).
+(quantization statistics and capture of a model's GEMM operands), ``linear`` (``FP8Linear`` on
+``torch._scaled_mm``, ``convert_to_fp8``), ``autocast`` (the FP8 region, named and behaving like
+``transformer_engine.pytorch.autocast``), ``policy`` (the ``fp8`` precision policy), and
+``te_backend`` (the optional Transformer Engine backend and the ``te-fp8`` policy).
+Importing this package registers ``fp8`` and ``te-fp8`` in ``tutorial_lib.precision``.
 """
 
 from __future__ import annotations

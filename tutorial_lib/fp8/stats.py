@@ -75,16 +75,21 @@ def error_vs_scale(
 
 
 def capture_gemm_tensors(
-    model: nn.Module, idx: torch.Tensor, targets: torch.Tensor
+    model: nn.Module,
+    idx: torch.Tensor,
+    targets: torch.Tensor,
+    names: Sequence[str] | None = None,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """One forward + backward; per ``nn.Linear`` name: {"input", "weight", "grad_output"}.
 
-    Tensors are detached float32 copies on the CPU; the model's gradients are cleared afterwards.
+    ``names`` restricts the capture to those layers (at real sizes every layer's activations
+    and gradients take many GiB). Tensors are detached float32 copies on the CPU; the model's
+    gradients are cleared afterwards.
     """
     captured: dict[str, dict[str, torch.Tensor]] = {}
     handles = []
     for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
+        if not isinstance(module, nn.Linear) or (names is not None and name not in names):
             continue
         slot = captured.setdefault(name, {"weight": module.weight.detach().float().cpu()})
 

@@ -26,6 +26,9 @@ kernel launch latency. Transformer Engine fuses the amax into the cast-transpose
 element with the transpose) and the cast of x into the preceding LayerNorm, so these 5 bytes per
 element are an *upper bound* on its quantization traffic; TE also casts the weight once per
 step, not once per micro-batch, which is what we count too.
+
+Not counted: FP8Linear writes its weight gradient in float32 (4 bytes, not 2); this matters
+only for memory-bound shapes and makes the model slightly optimistic for FP8 there.
 """
 
 from __future__ import annotations

@@ -136,8 +136,9 @@ def write_results(
 ) -> Path:
     """Write ``rows`` as JSON (and a ``.md`` table next to it); returns the JSON's path.
 
-    ``environment`` defaults to ``environment_stamp()`` of the default device. A rerun on the
-    same device and day replaces that day's file.
+    ``environment`` defaults to ``environment_stamp()`` of the default device. The file name
+    holds the device, the preset and the date: a rerun on the same device, preset and day
+    replaces that day's file, and a ``ci`` run never replaces a ``hopper`` one.
     """
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or "__" in name:
         raise ValueError(f"Benchmark name {name!r}: use letters, digits, '.', '-', single '_'.")
@@ -145,7 +146,8 @@ def write_results(
     record = {"benchmark": name, "environment": env, "meta": meta, "rows": rows}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}__{_slug(env['device'])}__{env['date'][:10]}.json"
+    preset = _slug(str(env.get("preset") or "nopreset"))
+    path = out / f"{name}__{_slug(env['device'])}__{preset}__{env['date'][:10]}.json"
     _atomic_write(path, json.dumps(record, indent=2, default=str) + "\n")
     summary = env.get("device_summary") or env["device"]
     md = f"# {name}\n\n{results_label(record)}\n\n{summary}\n\n{markdown_table(rows)}\n"
@@ -173,13 +175,15 @@ def load_results(
 
 
 def latest_hopper_results(name: str, out_dir: str | Path = DEFAULT_DIR) -> dict[str, Any] | None:
-    """The newest result of ``name`` measured on an H100 or H200, or None if there is none.
+    """The newest result of ``name`` measured on an H100 or H200 at the ``hopper`` preset, or
+    None if there is none.
 
     A chapter that gets None must say so plainly rather than show something else in its place.
     """
     hopper = [
         r for r in load_results(name, out_dir)
         if any(h in r["environment"]["device"].upper() for h in ("H100", "H200"))
+        and r["environment"].get("preset") == "hopper"
     ]  # fmt: skip
     return hopper[0] if hopper else None
 
@@ -188,4 +192,8 @@ def results_label(record: dict[str, Any]) -> str:
     """``"measured on NVIDIA H200 on 2025-06-01 (torch 2.7.0, CUDA 12.8)"`` for a figure."""
     env = record["environment"]
     cuda = env.get("cuda") or "none"
-    return f"measured on {env['device']} on {env['date'][:10]} (torch {env['torch']}, CUDA {cuda})"
+    preset = env.get("preset") or "?"
+    return (
+        f"measured on {env['device']} on {env['date'][:10]}, preset {preset} "
+        f"(torch {env['torch']}, CUDA {cuda})"
+    )

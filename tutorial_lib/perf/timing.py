@@ -125,10 +125,11 @@ def benchmark(
     if device.type == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        for s, e, call in zip(starts, ends, timed_calls, strict=True):
-            s.record()
-            call()
-            e.record()
+        with torch.cuda.device(device):  # events on `device`'s current stream
+            for s, e, call in zip(starts, ends, timed_calls, strict=True):
+                s.record()
+                call()
+                e.record()
         synchronize(device)
         times = tuple(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True))
     else:
