@@ -255,3 +255,14 @@ def test_describe_explicit_cuda_index(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_variants_with_other_numbers_are_unknown(name: str) -> None:
     """Better no MFU than MFU against another card's datasheet."""
     assert lookup_spec(name) is None
+
+
+def test_cuda_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tutorial_lib.hardware import cuda_capability
+
+    assert cuda_capability("cpu") is None
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (8, 6))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"Fake GPU {i}")
+    assert cuda_capability("cuda") == ("Fake GPU 0", (8, 6))
+    assert cuda_capability("cuda:3") == ("Fake GPU 3", (8, 6))

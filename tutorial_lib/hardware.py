@@ -21,6 +21,7 @@ __all__ = [
     "default_device",
     "te_available",
     "fp8_gemm_status",
+    "cuda_capability",
 ]
 
 
@@ -239,3 +240,16 @@ def fp8_gemm_status(device: torch.device | str | None = None) -> tuple[bool, str
         cc = info.compute_capability
         return False, f"{info.name} is sm_{cc[0]}{cc[1]}; FP8 tensor cores need sm_89+ (Ada/Hopper)"
     return True, f"{info.name} has FP8 tensor cores"
+
+
+def cuda_capability(device: torch.device | str) -> tuple[str, tuple[int, int]] | None:
+    """(name, compute capability) of a CUDA ``device``; None for any other device type.
+
+    The one place that resolves a device index, so every "needs sm_XY" check reads the same GPU.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    return torch.cuda.get_device_name(index), (int(major), int(minor))

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .hardware import cuda_capability
+
 __all__ = [
     "PrecisionPolicy",
     "register_policy",
@@ -149,14 +151,12 @@ def _needs_cuda_cc(
     min_cc: tuple[int, int], what: str, instead: str = "'fp32' or 'tf32'"
 ) -> Callable[[torch.device], None]:
     def check(device: torch.device) -> None:
-        if device.type != "cuda":
-            return
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        cc = torch.cuda.get_device_capability(index)
-        if cc < min_cc:
+        gpu = cuda_capability(device)
+        if gpu is not None and gpu[1] < min_cc:
+            (name, cc) = gpu
             raise RuntimeError(
                 f"{what} needs a GPU with compute capability >= {min_cc[0]}.{min_cc[1]}; "
-                f"{torch.cuda.get_device_name(index)} is {cc[0]}.{cc[1]}. Use {instead} instead."
+                f"{name} is {cc[0]}.{cc[1]}. Use {instead} instead."
             )
 
     return check

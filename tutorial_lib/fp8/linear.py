@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..hardware import cuda_capability
 from .autocast import FP8AutocastState, _BackwardStep, get_autocast_state, register_fp8_run
 from .formats import dequantize, quantize
 from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, GRAD_OUTPUT1, FP8ModuleState, ScalingMeta
@@ -253,14 +254,14 @@ class FP8Linear(nn.Linear):
 
     def _resolve_emulate(self, device: torch.device, fp8: FP8AutocastState) -> bool:
         emulate = self.emulate if self.emulate is not None else bool(fp8.emulate)
-        if device.type != "cuda" or emulate:
+        gpu = cuda_capability(device)
+        if gpu is None or emulate:
             return emulate
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        cc = torch.cuda.get_device_capability(index)
-        if tuple(cc) < FP8_MIN_CC:
+        name, cc = gpu
+        if cc < FP8_MIN_CC:
             raise RuntimeError(
                 f"{self._layer_name()}: FP8 GEMMs need a GPU with FP8 tensor cores (sm_89+: Ada, "
-                f"Hopper); {torch.cuda.get_device_name(index)} is sm_{cc[0]}{cc[1]}. To run the "
+                f"Hopper); {name} is sm_{cc[0]}{cc[1]}. To run the "
                 "exact but slow emulation (dequantize, then a float32 matmul) ask for it: "
                 "FP8Linear(..., emulate=True), tutorial_lib.fp8.autocast(emulate=True), or "
                 "make_fp8_policy(emulate=True). Or train with 'bf16'."

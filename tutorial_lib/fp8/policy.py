@@ -12,6 +12,7 @@ import functools
 
 import torch
 
+from ..hardware import cuda_capability
 from ..precision import POLICIES, PrecisionPolicy, register_policy
 from .autocast import autocast
 from .linear import FP8_MIN_CC, convert_to_fp8
@@ -41,15 +42,14 @@ def _check(emulate: bool | None) -> functools.partial[None]:
 def check_fp8_device(device: torch.device | str, emulate: bool | None = None) -> None:
     """Raise ``RuntimeError`` if ``device`` is a CUDA GPU without FP8 tensor cores (sm_89+) and
     emulation was not asked for. The CPU is accepted: it always emulates."""
-    device = torch.device(device)
-    if device.type != "cuda" or emulate:
+    gpu = cuda_capability(device)
+    if gpu is None or emulate:
         return
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    cc = tuple(torch.cuda.get_device_capability(index))
+    name, cc = gpu
     if cc < FP8_MIN_CC:
         raise RuntimeError(
             f"The {FP8_POLICY_NAME!r} precision policy needs FP8 tensor cores (sm_89+: Ada or "
-            f"Hopper); {torch.cuda.get_device_name(index)} is sm_{cc[0]}{cc[1]}. Use 'bf16', or "
+            f"Hopper); {name} is sm_{cc[0]}{cc[1]}. Use 'bf16', or "
             "opt in to the slow exact emulation: make_fp8_policy(emulate=True) (or "
             "tutorial_lib.fp8.autocast(emulate=True) / FP8Linear(..., emulate=True))."
         )

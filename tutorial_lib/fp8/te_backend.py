@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..hardware import cuda_capability
 from ..hardware import te_available as _te_available
 from ..layers import LINEAR_ROLES
 from ..precision import POLICIES, PrecisionPolicy, register_policy
@@ -388,16 +389,14 @@ def check_te_fp8_device(device: torch.device) -> None:
     """Raise ``RuntimeError`` naming every reason ``device`` cannot run the ``te-fp8`` policy."""
     device = torch.device(device)
     problems: list[str] = []
-    if device.type != "cuda":
+    gpu = cuda_capability(device)
+    if gpu is None:
         problems.append(
             f"it needs a CUDA GPU with FP8 tensor cores (sm_89+: Ada or Hopper), got {device}."
         )
-    else:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        cc = torch.cuda.get_device_capability(index)
-        if cc < (8, 9):
-            name = torch.cuda.get_device_name(index)
-            problems.append(f"{name} is sm_{cc[0]}{cc[1]}; FP8 tensor cores need sm_89+.")
+    elif gpu[1] < (8, 9):
+        name, cc = gpu
+        problems.append(f"{name} is sm_{cc[0]}{cc[1]}; FP8 tensor cores need sm_89+.")
     ok, reason = te_available()
     if not ok:
         problems.append(f"Transformer Engine is missing: {reason}. {TE_INSTALL_HINT}")
