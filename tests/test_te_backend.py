@@ -188,7 +188,7 @@ def test_recipe_kwargs_refuse(recipe: object, error: type[Exception], match: str
 def test_shape_problems_name_the_layers(tiny_cfg: GPTConfig) -> None:
     problems = fp8_shape_problems(GPT(tiny_cfg))  # width 36: every Linear is off
     assert len(problems) == 4 * tiny_cfg.n_layer
-    assert "blocks.0.attn.qkv: 36 -> 108" in problems
+    assert any(p.startswith("blocks.0.attn.qkv: 36 -> 108") for p in problems)
     assert fp8_shape_problems(GPT(FP8_CFG)) == []
 
 

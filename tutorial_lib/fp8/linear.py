@@ -46,7 +46,13 @@ from .formats import dequantize, quantize
 from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, GRAD_OUTPUT1, FP8ModuleState, ScalingMeta
 from .stats import QuantStats, quant_stats
 
-__all__ = ["FP8Linear", "FP8_MIN_CC", "convert_to_fp8", "fp8_layer_problems"]
+__all__ = [
+    "FP8Linear",
+    "FP8_MIN_CC",
+    "convert_to_fp8",
+    "convertible_linears",
+    "fp8_layer_problems",
+]
 
 FP8_MIN_CC = (8, 9)  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90)
 _BUFFERS = {
@@ -329,7 +335,11 @@ def _weight_problems(in_features: int, out_features: int) -> list[str]:
 
 
 # ---- converting a model ------------------------------------------------------------------------
-def _targets(model: nn.Module, include_lm_head: bool) -> list[tuple[str, nn.Linear]]:
+def convertible_linears(
+    model: nn.Module, include_lm_head: bool = False
+) -> list[tuple[str, nn.Linear]]:
+    """The ``nn.Linear`` layers an FP8 backend swaps: not a weight tied to another module (the
+    GPT's LM head is the token embedding) and not a module named ``lm_head``, unless asked."""
     counts: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         counts[id(p)] = counts.get(id(p), 0) + 1
@@ -345,7 +355,7 @@ def fp8_layer_problems(model: nn.Module, include_lm_head: bool = False) -> list[
     """``"name: in -> out (why)"`` for every Linear ``convert_to_fp8`` would swap but cannot."""
     return [
         f"{name}: {m.in_features} -> {m.out_features} ({'; '.join(problems)})"
-        for name, m in _targets(model, include_lm_head)
+        for name, m in convertible_linears(model, include_lm_head)
         if (problems := _weight_problems(m.in_features, m.out_features))
     ]
 
@@ -361,7 +371,7 @@ def convert_to_fp8(
     is shared or that is named ``lm_head`` (the GPT's tied head is ``F.linear`` on the embedding,
     so it is never a module). All layers with illegal shapes are listed in one ValueError.
     """
-    targets = _targets(model, include_lm_head)
+    targets = convertible_linears(model, include_lm_head)
     problems = fp8_layer_problems(model, include_lm_head)
     if problems:
         raise ValueError(

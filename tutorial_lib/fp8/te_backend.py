@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -38,6 +37,7 @@ from ..hardware import cuda_capability
 from ..hardware import te_available as _te_available
 from ..layers import LINEAR_ROLES
 from ..precision import POLICIES, PrecisionPolicy, register_policy
+from .linear import convertible_linears, fp8_layer_problems
 
 __all__ = [
     "TE_API_USED", "TE_API_NAMED", "TE_DEFAULTS_ASSUMED", "TE_ENUM_MEMBERS", "TE_FWD_INDEX",
@@ -265,32 +265,11 @@ def te_autocast(
 
 
 # ---- converting a built model ------------------------------------------------------------------
-def _shared_param_ids(model: nn.Module) -> set[int]:
-    """Ids of parameters that more than one module holds (e.g. an LM head tied to embeddings)."""
-    counts = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
-    return {pid for pid, n in counts.items() if n > 1}
-
-
-def _convertible_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
-    shared = _shared_param_ids(model)
-    return [
-        (name, m)
-        for name, m in model.named_modules()
-        if type(m) is nn.Linear and id(m.weight) not in shared
-    ]
-
-
 def fp8_shape_problems(model: nn.Module) -> list[str]:
-    """Linear layers ``convert_to_te`` would swap whose shapes TE's FP8 GEMMs refuse.
-
-    TE needs both weight dimensions divisible by 16; it also needs batch x sequence divisible by
-    8 (16 per its docs), which only the input shows.
-    """
-    return [
-        f"{name}: {m.in_features} -> {m.out_features}"
-        for name, m in _convertible_linears(model)
-        if m.in_features % 16 or m.out_features % 16
-    ]
+    """Linear layers ``convert_to_te`` would swap whose shapes TE's FP8 GEMMs refuse (both weight
+    dimensions must be multiples of 16; the token count, a multiple of 8, only the input shows).
+    The same rule and wording as our own ``fp8_layer_problems``."""
+    return fp8_layer_problems(model)
 
 
 def _te_linear_like(te: ModuleType, old: nn.Linear, device: torch.device) -> nn.Module:
@@ -340,7 +319,7 @@ def convert_to_te(model: nn.Module, device: torch.device | str | None = None) ->
             + "; ".join(problems)
             + ". Pick n_embd as a multiple of 16 (e.g. GPTConfig.from_name('tiny'))."
         )
-    linears = {id(m) for _, m in _convertible_linears(model)}
+    linears = {id(m) for _, m in convertible_linears(model)}
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
             if id(child) in linears:
