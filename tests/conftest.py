@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -90,3 +93,20 @@ def stream() -> Iterator[FakeStream]:
     yield s
     s.synchronize()
     s.close()
+
+
+@pytest.fixture(scope="session")
+def load_benchmark() -> Callable[[str], ModuleType]:
+    """Import ``benchmarks/<file>`` (a script, not a package) as module ``bench_<stem>``."""
+
+    def load(filename: str) -> ModuleType:
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / filename
+        name = f"bench_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+from collections.abc import Callable
 from contextlib import redirect_stdout
 from io import StringIO
 from pathlib import Path
@@ -17,7 +16,6 @@ from tutorial_lib import config
 from tutorial_lib.config import GPTConfig, RunPreset
 from tutorial_lib.hardware import te_available
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fp8.py"
 # Widths multiples of 16 (FP8Linear's rule): 1 layer, 2 heads of 8, context 16, vocab 64.
 BENCH_TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)
 ON_CPU = not torch.cuda.is_available()
@@ -25,13 +23,8 @@ FP8_CPU_NOTE = "CPU: _scaled_mm computes in FP32; not an FP8 tensor-core result"
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fp8", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_fp8"] = module
-    spec.loader.exec_module(module)
-    return module
+def bench(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return load_benchmark("fp8.py")
 
 
 @pytest.fixture(scope="module")

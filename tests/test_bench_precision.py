@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -16,7 +15,6 @@ from tutorial_lib import config, perf
 from tutorial_lib.config import GPTConfig, RunPreset
 from tutorial_lib.precision import available_policies
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "precision.py"
 # 1 layer, 2 heads of 7, context 11, vocab 61: a step takes milliseconds even in BF16 on a CPU.
 BENCH_TINY = GPTConfig(vocab_size=61, block_size=11, n_layer=1, n_head=2, n_embd=14)
 STAMP_KEYS = {"date", "device", "device_summary", "compute_capability", "torch", "cuda",
@@ -25,13 +23,8 @@ ON_CPU = not torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_precision", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_precision"] = module
-    spec.loader.exec_module(module)
-    return module
+def bench(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return load_benchmark("precision.py")
 
 
 @pytest.fixture
