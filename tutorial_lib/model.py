@@ -54,11 +54,18 @@ class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig, layers: LayerFactory) -> None:
         super().__init__()
         self.fc = layers.linear(cfg.n_embd, 4 * cfg.n_embd, cfg.bias, role="mlp.fc")
+        self.act = layers.gelu()  # GELU (tanh approximation), as GPT-2
         self.proj = layers.linear(4 * cfg.n_embd, cfg.n_embd, cfg.bias, role="mlp.proj")
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(F.gelu(self.fc(x), approximate="tanh")))  # (B, T, C)
+        if self.act.adds_bias and type(self.fc) is nn.Linear and self.fc.bias is not None:
+            # A fused backend adds fc's bias inside its GELU kernel: x @ W^T is written once and
+            # read once, instead of a bias pass and a GELU pass over the (B, T, 4C) activations.
+            h = self.act(F.linear(x, self.fc.weight), self.fc.bias)
+        else:
+            h = self.act(self.fc(x))  # (an FP8 or TE Linear adds its bias in the GEMM epilogue)
+        return self.drop(self.proj(h))  # (B, T, C)
 
 
 class Block(nn.Module):
@@ -70,8 +77,13 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        a = self.attn(self.ln1(x))
+        if getattr(self.ln2, "fuses_residual", False):
+            x, h = self.ln2(x, residual=a)  # one kernel: the sum x + a and LayerNorm(x + a)
+        else:
+            x = x + a
+            h = self.ln2(x)
+        return x + self.mlp(h)
 
 
 class GPT(nn.Module):
@@ -84,6 +96,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, layers) for _ in range(cfg.n_layer))
         self.ln_f = layers.layernorm(cfg.n_embd, cfg.bias)
+        self.loss_fn = layers.cross_entropy()
         self.apply(self._init_weights)
         # GPT-2: scale the init of projections into the residual stream by 1/sqrt(2 * n_layer).
         for name, p in self.named_parameters():
@@ -114,7 +127,7 @@ class GPT(nn.Module):
         logits = F.linear(self.ln_f(x), self.tok_emb.weight)  # tied LM head: (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
+            loss = self.loss_fn(logits.view(B * T, -1), targets.reshape(B * T))
         return logits, loss
 
     # ---- anatomy -------------------------------------------------------------------------

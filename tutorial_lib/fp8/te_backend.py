@@ -35,7 +35,7 @@ from torch import nn
 
 from ..hardware import cuda_capability
 from ..hardware import te_available as _te_available
-from ..layers import LINEAR_ROLES
+from ..layers import LINEAR_ROLES, TorchLayers
 from ..precision import POLICIES, PrecisionPolicy, register_policy
 from .linear import convertible_linears, fp8_layer_problems
 
@@ -135,7 +135,7 @@ def _freeze_zero_bias(norm: nn.Module) -> None:
 
 
 @dataclass
-class TELayers:
+class TELayers(TorchLayers):
     """A ``LayerFactory`` returning ``te.Linear`` and ``te.LayerNorm``.
 
     ``GPT.__init__`` only re-initialises ``nn.Linear``, so the Linear layers get GPT-2's
