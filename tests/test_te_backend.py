@@ -1,13 +1,16 @@
-"""Tests for tutorial_lib.fp8.te_backend, the ``te-fp8`` Transformer Engine backend.
+"""Tests for tutorial_lib.fp8.te_backend, the ``te-fp8``/``te-fp8-fused`` Transformer Engine
+backend.
 
 Three groups:
     - without TE (every machine here): the module imports, reports TE missing, fails clearly;
     - with a *stand-in* TE installed into ``sys.modules`` (``fake_te``): the plumbing (layer
-      factory, model conversion, recipe and autocast dispatch) on the CPU. The stand-in's
-      signatures are the subset of TE's that ``TE_API_USED`` declares; ``test_te_contract.py``
-      checks those against TE's real source;
-    - with TE and an sm_89+ GPU: training parity with BF16 and our ``fp8`` policy, and TE's
-      amax histories and scales (skipped elsewhere, with the reason).
+      factory, model conversion, fused or not, recipe and autocast dispatch) on the CPU. The
+      stand-in's signatures are the subset of TE's that ``TE_API_USED`` declares and its
+      parameter names are ``TE_PARAMETER_NAMES``; ``test_te_contract.py`` checks both against
+      TE's real source (and that TE's "gelu" is the tanh approximation the stand-in computes);
+    - with TE and an sm_89+ GPU: training parity with BF16 and our ``fp8`` policy (and of
+      ``te-fp8-fused`` with ``te-fp8``), and TE's amax histories and scales (skipped elsewhere,
+      with the reason).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import enum
+import functools
 import math
 import sys
 import types
@@ -32,7 +36,10 @@ from tutorial_lib.data import TokenData
 from tutorial_lib.fp8 import te_backend
 from tutorial_lib.fp8.policy import FP8_LOSS_TOLERANCE
 from tutorial_lib.fp8.te_backend import (
+    TE_FUSED_POLICY_NAME,
+    TE_PARAMETER_NAMES,
     TE_POLICY_NAME,
+    TEFusedMLP,
     TELayers,
     check_te_fp8_device,
     convert_to_te,
@@ -46,7 +53,12 @@ from tutorial_lib.fp8.te_backend import (
     te_scaling_state,
 )
 from tutorial_lib.model import GPT
-from tutorial_lib.precision import POLICIES, PrecisionPolicy, get_policy
+from tutorial_lib.precision import (
+    POLICIES,
+    PrecisionPolicy,
+    available_policies,
+    get_policy,
+)
 from tutorial_lib.train import TrainConfig, Trainer
 
 TE_OK, TE_REASON = te_available()
@@ -55,13 +67,15 @@ needs_te = pytest.mark.skipif(not TE_OK, reason=TE_REASON)
 
 # Widths divisible by 16, as TE's FP8 GEMMs need (the conftest TINY model, width 36, is not).
 FP8_CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_embd=64)
+TE_POLICY_NAMES = (TE_POLICY_NAME, TE_FUSED_POLICY_NAME)
 
 
 @pytest.fixture
 def registry() -> Iterator[dict[str, PrecisionPolicy]]:
-    """The policy registry without ``te-fp8``, restored exactly afterwards."""
+    """The policy registry without ``te-fp8`` and ``te-fp8-fused``, restored exactly afterwards."""
     saved = dict(POLICIES)
-    POLICIES.pop(TE_POLICY_NAME, None)
+    for name in TE_POLICY_NAMES:
+        POLICIES.pop(name, None)
     yield POLICIES
     POLICIES.clear()
     POLICIES.update(saved)
@@ -84,8 +98,9 @@ def test_reports_te_missing_with_reason() -> None:
         lambda: TELayers(device="cpu").linear(16, 16, True, "mlp.fc"),
         lambda: TELayers(device="cpu").layernorm(16, True),
         lambda: convert_to_te(nn.Sequential(nn.Linear(16, 16))),
+        lambda: convert_to_te(GPT(FP8_CFG), fused=True),
     ],
-    ids=["te_autocast", "te_recipe", "linear", "layernorm", "convert_to_te"],
+    ids=["te_autocast", "te_recipe", "linear", "layernorm", "convert_to_te", "fused"],
 )
 def test_needing_te_raises_with_reason_and_install_route(call: Callable[[], object]) -> None:
     with pytest.raises(RuntimeError) as info:
@@ -96,13 +111,16 @@ def test_needing_te_raises_with_reason_and_install_route(call: Callable[[], obje
     assert "nvcr.io/nvidia/pytorch" in message
 
 
-def test_policy_check_refuses_the_cpu() -> None:
-    policy = make_te_policy()
+@pytest.mark.parametrize("fused", [False, True], ids=["te-fp8", "te-fp8-fused"])
+def test_policy_check_refuses_the_cpu(fused: bool) -> None:
+    policy = make_te_policy(fused=fused)
     with pytest.raises(RuntimeError, match="sm_89") as info:
         policy.validate("cpu")
-    assert "'te-fp8'" in str(info.value) and "'bf16'" in str(info.value)
-    if not TE_OK:
+    assert f"The {policy.name!r} precision policy" in str(info.value)
+    assert "'bf16'" in str(info.value)
+    if not TE_OK:  # TE's own reason, e.g. "No module named 'transformer_engine'"
         assert "Transformer Engine is missing" in str(info.value)
+        assert TE_REASON in str(info.value)
 
 
 def test_policy_fields() -> None:
@@ -116,13 +134,35 @@ def test_policy_fields() -> None:
     assert policy.extra_context is not None
 
 
+def test_fused_policy_fields() -> None:
+    policy, plain = make_te_policy(fused=True), make_te_policy()
+    assert policy.name == TE_FUSED_POLICY_NAME == "te-fp8-fused"
+    for field in ("autocast_dtype", "peak_dtype", "grad_scaler", "allow_tf32"):
+        assert getattr(policy, field) == getattr(plain, field), field
+    prepare, check = policy.prepare_model, policy.check
+    assert isinstance(prepare, functools.partial) and prepare.func is convert_to_te
+    assert prepare.keywords == {"fused": True}
+    assert isinstance(check, functools.partial) and check.func is check_te_fp8_device
+
+
 def test_register_is_idempotent_and_listed(registry: dict[str, PrecisionPolicy]) -> None:
     first = register_te_policy()
-    assert register_te_policy() is first
-    assert registry[TE_POLICY_NAME] is first
-    assert get_policy(TE_POLICY_NAME) is first
-    with pytest.raises(RuntimeError, match="sm_89"):
-        get_policy(TE_POLICY_NAME, "cpu")
+    fused = registry[TE_FUSED_POLICY_NAME]  # registered with it
+    assert register_te_policy() is first and register_te_policy(fused=True) is fused
+    assert registry[TE_POLICY_NAME] is first and fused.name == TE_FUSED_POLICY_NAME
+    assert list(registry)[-2:] == list(TE_POLICY_NAMES)  # te-fp8-fused listed after te-fp8
+    for name in TE_POLICY_NAMES:
+        assert get_policy(name) is registry[name]
+        with pytest.raises(RuntimeError, match=f"'{name}'.*sm_89"):
+            get_policy(name, "cpu")
+
+
+def test_listing_policies_registers_both(registry: dict[str, PrecisionPolicy]) -> None:
+    assert set(TE_POLICY_NAMES) <= set(available_policies())  # lazily, through te-fp8's entry
+
+
+def test_fused_policy_loads_lazily_by_name(registry: dict[str, PrecisionPolicy]) -> None:
+    assert get_policy(TE_FUSED_POLICY_NAME).name == TE_FUSED_POLICY_NAME
 
 
 # ---- recipe conversion (pure Python) -----------------------------------------------------------
@@ -200,40 +240,107 @@ def test_shape_problems_skip_a_tied_head() -> None:
 
 
 # ---- a stand-in TE on the CPU ------------------------------------------------------------------
-class _FakeLinear(nn.Module):
+class _FakeTEModule(nn.Module):
+    """What the stand-in modules share with TE's: parameters registered under TE's names (see
+    ``TE_PARAMETER_NAMES``), and a dropped bias kept as an empty tensor, not None."""
+
+    def __init__(self, dtype: torch.dtype | None, device: torch.device | str | None) -> None:
+        super().__init__()
+        self._like = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+        self.fp8_meta: dict[str, Any] = {}
+
+    def _weight(
+        self, name: str, out_f: int, in_f: int, init: Callable[[torch.Tensor], None] | None
+    ) -> None:
+        self.register_parameter(name, nn.Parameter(torch.empty(out_f, in_f, **self._like)))
+        (init or (lambda w: nn.init.normal_(w, 0.0, 0.023)))(getattr(self, name))
+
+    def _bias(self, name: str, features: int, bias: bool) -> None:
+        if bias:
+            self.register_parameter(name, nn.Parameter(torch.zeros(features, **self._like)))
+        else:
+            setattr(self, name, torch.Tensor().to(**self._like))
+
+    def _norm(self, prefix: str, features: int, normalization: str) -> None:
+        assert normalization == "LayerNorm", normalization  # the stand-in has no RMSNorm
+        self.register_parameter(f"{prefix}weight", nn.Parameter(torch.ones(features, **self._like)))
+        self._bias(f"{prefix}bias", features, bias=True)
+
+    def _layer_norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        weight, bias = getattr(self, f"{prefix}weight"), getattr(self, f"{prefix}bias")
+        return F.layer_norm(x, weight.shape, weight, bias, self.eps)
+
+    @staticmethod
+    def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight, bias if bias.numel() else None)
+
+
+class _FakeLinear(_FakeTEModule):
     def __init__(
         self, in_features: int, out_features: int, *, bias: bool = True,
         params_dtype: torch.dtype | None = None, device: torch.device | str = "cuda",
         init_method: Callable[[torch.Tensor], None] | None = None,
     ) -> None:  # fmt: skip
-        super().__init__()
-        dtype = params_dtype or torch.get_default_dtype()
-        self.weight = nn.Parameter(
-            torch.empty(out_features, in_features, dtype=dtype, device=device)
-        )
-        (init_method or (lambda w: nn.init.normal_(w, 0.0, 0.023)))(self.weight)
-        self.bias = (
-            nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
-        )
-        self.fp8_meta: dict[str, Any] = {}
+        super().__init__(params_dtype, device)
+        self._weight("weight", out_features, in_features, init_method)
+        self._bias("bias", out_features, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self._linear(x, self.weight, self.bias)
 
 
-class _FakeLayerNorm(nn.Module):
+class _FakeLayerNorm(_FakeTEModule):
     def __init__(
         self, normalized_shape: int | tuple[int, ...], *, eps: float = 1e-5,
         device: torch.device | str | None = None, dtype: torch.dtype | None = None,
     ) -> None:  # fmt: skip
-        super().__init__()
+        super().__init__(dtype, device)
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+        (features,) = shape
         self.normalized_shape, self.eps = tuple(shape), eps
-        self.weight = nn.Parameter(torch.ones(shape, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.zeros(shape, dtype=dtype, device=device))
+        self._norm("", features, "LayerNorm")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return self._layer_norm(x, "")
+
+
+class _FakeLayerNormLinear(_FakeTEModule):
+    def __init__(
+        self, in_features: int, out_features: int, *, eps: float = 1e-5, bias: bool = True,
+        normalization: str = "LayerNorm", params_dtype: torch.dtype | None = None,
+        device: torch.device | str = "cuda",
+        init_method: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(params_dtype, device)
+        self.eps = eps
+        self._norm("layer_norm_", in_features, normalization)
+        self._weight("weight", out_features, in_features, init_method)
+        self._bias("bias", out_features, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(self._layer_norm(x, "layer_norm_"), self.weight, self.bias)
+
+
+class _FakeLayerNormMLP(_FakeTEModule):
+    def __init__(
+        self, hidden_size: int, ffn_hidden_size: int, *, eps: float = 1e-5, bias: bool = True,
+        normalization: str = "LayerNorm", activation: str = "gelu",
+        params_dtype: torch.dtype | None = None, device: torch.device | str = "cuda",
+        init_method: Callable[[torch.Tensor], None] | None = None,
+        output_layer_init_method: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(params_dtype, device)
+        assert activation == "gelu", activation  # TE's "gelu": the tanh approximation
+        self.eps = eps
+        self._norm("layer_norm_", hidden_size, normalization)
+        self._weight("fc1_weight", ffn_hidden_size, hidden_size, init_method)
+        self._bias("fc1_bias", ffn_hidden_size, bias)
+        self._weight("fc2_weight", hidden_size, ffn_hidden_size, output_layer_init_method)
+        self._bias("fc2_bias", hidden_size, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self._linear(self._layer_norm(x, "layer_norm_"), self.fc1_weight, self.fc1_bias)
+        return self._linear(F.gelu(h, approximate="tanh"), self.fc2_weight, self.fc2_bias)
 
 
 class _FakeFormat(enum.Enum):
@@ -276,6 +383,7 @@ def fake_te(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     root, common = types.ModuleType("transformer_engine"), types.ModuleType("_common")
     pytorch, recipe = types.ModuleType("_pytorch"), types.ModuleType("_recipe")
     pytorch.Linear, pytorch.LayerNorm = _FakeLinear, _FakeLayerNorm
+    pytorch.LayerNormLinear, pytorch.LayerNormMLP = _FakeLayerNormLinear, _FakeLayerNormMLP
     pytorch.fp8_autocast = region("fp8_autocast")
     if request.param == "autocast":
         pytorch.autocast = region("autocast")
@@ -314,7 +422,7 @@ def test_telayers_pin_a_missing_bias_to_zero(fake_te: FakeTE) -> None:
     norm = layers.layernorm(32, bias=False)
     assert not norm.bias.requires_grad and torch.all(norm.bias == 0)
     assert norm.weight.requires_grad and norm.weight.dtype == torch.float64
-    assert layers.linear(32, 64, False, "attn.qkv").bias is None
+    assert layers.linear(32, 64, False, "attn.qkv").bias.numel() == 0  # as TE: empty, not None
     with pytest.raises(ValueError, match="Unknown linear role"):
         layers.linear(32, 64, True, "lm_head")
 
@@ -345,6 +453,152 @@ def test_convert_leaves_a_tied_head(fake_te: FakeTE) -> None:
 def test_convert_refuses_odd_shapes(fake_te: FakeTE, tiny_cfg: GPTConfig) -> None:
     with pytest.raises(ValueError, match="divisible by 16.*blocks.0.attn.qkv"):
         convert_to_te(GPT(tiny_cfg), device="cpu")
+
+
+# ---- fused conversion: LayerNormLinear and LayerNormMLP ----------------------------------------
+@pytest.mark.parametrize(
+    "fake", [_FakeLinear, _FakeLayerNorm, _FakeLayerNormLinear, _FakeLayerNormMLP],
+    ids=lambda cls: cls.__name__,
+)  # fmt: skip
+def test_stand_in_uses_te_parameter_names(fake: type[nn.Module]) -> None:
+    """The names test_te_contract.py finds in TE's source are the stand-in's too."""
+    args = {_FakeLayerNorm: (16,), _FakeLayerNormMLP: (16, 64)}.get(fake, (16, 48))
+    names = [n for n, _ in fake(*args, device="cpu").named_parameters()]
+    assert tuple(names) == TE_PARAMETER_NAMES[f"transformer_engine.pytorch.{fake.__name__[5:]}"]
+
+
+# Fused parameter -> the parameter of the unconverted GPT it was copied from (block i).
+FUSED_SOURCES = {
+    "attn.qkv.layer_norm_weight": "ln1.weight", "attn.qkv.layer_norm_bias": "ln1.bias",
+    "attn.qkv.weight": "attn.qkv.weight", "attn.qkv.bias": "attn.qkv.bias",
+    "mlp.layernorm_mlp.layer_norm_weight": "ln2.weight",
+    "mlp.layernorm_mlp.layer_norm_bias": "ln2.bias",
+    "mlp.layernorm_mlp.fc1_weight": "mlp.fc.weight", "mlp.layernorm_mlp.fc1_bias": "mlp.fc.bias",
+    "mlp.layernorm_mlp.fc2_weight": "mlp.proj.weight",
+    "mlp.layernorm_mlp.fc2_bias": "mlp.proj.bias",
+}  # fmt: skip
+
+
+def _fused_pairs(
+    fused: nn.Module, plain: nn.Module
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor | None]]:
+    """(name, fused parameter, the plain model's source or None if it has none)."""
+    fused_params, plain_params = dict(fused.named_parameters()), dict(plain.named_parameters())
+    for i in range(FP8_CFG.n_layer):
+        for new, old in FUSED_SOURCES.items():
+            new_p, old_p = (
+                fused_params.get(f"blocks.{i}.{new}"),
+                plain_params.get(f"blocks.{i}.{old}"),
+            )
+            if new_p is None:  # a Linear bias TE dropped as the GPT did (bias=False)
+                assert old_p is None and new.endswith("bias"), new
+                continue
+            yield new, new_p, old_p
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_fused_convert_keeps_the_function(fake_te: FakeTE, bias: bool) -> None:
+    torch.manual_seed(0)
+    model = GPT(FP8_CFG.replace(bias=bias))
+    with torch.no_grad():  # non-trivial LayerNorm parameters, so a swapped copy would show
+        for name, p in model.named_parameters():
+            if ".ln" in name:
+                p.normal_(1.0 if name.endswith("weight") else 0.0, 0.1)
+    idx, targets = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))
+    fused = convert_to_te(copy.deepcopy(model), device="cpu", fused=True)
+    for m in (model, fused):
+        m(idx, targets)[1].backward()
+    torch.testing.assert_close(fused(idx, targets), model(idx, targets))  # logits, loss: FP32
+    for name, new, old in _fused_pairs(fused, model):
+        if old is None:  # a LayerNorm bias GPT does not have: TE's is pinned to zero
+            assert name.endswith("layer_norm_bias") and not new.requires_grad, name
+            assert torch.all(new == 0) and new.grad is None, name
+            continue
+        torch.testing.assert_close(new, old, rtol=0, atol=0, msg=name)
+        assert new.grad is not None, f"no gradient reaches {name}"
+        torch.testing.assert_close(new.grad, old.grad, msg=name)
+    trainable = [sum(p.numel() for p in m.parameters() if p.requires_grad) for m in (model, fused)]
+    assert trainable[0] == trainable[1]
+
+
+def test_fused_convert_installs_te_modules(fake_te: FakeTE) -> None:
+    model = GPT(FP8_CFG).eval()
+    fused = convert_to_te(model, device="cpu", fused=True)
+    assert fused is model and not any(type(m) in (nn.Linear, nn.LayerNorm) for m in model.modules())
+    for block in model.blocks:
+        assert type(block.ln1) is nn.Identity and type(block.ln2) is nn.Identity
+        assert type(block.attn.qkv) is _FakeLayerNormLinear
+        assert type(block.attn.proj) is _FakeLinear  # the rest as before
+        assert type(block.mlp) is TEFusedMLP and type(block.mlp.layernorm_mlp) is _FakeLayerNormMLP
+        assert not block.mlp.training and not block.attn.qkv.training
+        assert block.mlp.layernorm_mlp.eps == block.attn.qkv.eps == 1e-5
+    assert type(model.ln_f) is _FakeLayerNorm and type(model.tok_emb) is nn.Embedding
+    keys = set(model.state_dict())
+    assert {"blocks.0.attn.qkv.layer_norm_weight", "blocks.1.mlp.layernorm_mlp.fc2_bias"} <= keys
+    assert not any(".ln1." in k or ".ln2." in k for k in keys)
+
+
+def test_fused_mlp_keeps_dropout(fake_te: FakeTE) -> None:
+    torch.manual_seed(0)
+    model = GPT(FP8_CFG.replace(dropout=0.25)).train()
+    fused = convert_to_te(copy.deepcopy(model), device="cpu", fused=True)
+    assert fused.blocks[0].mlp.drop.p == 0.25 and fused.training
+    idx = torch.randint(0, 256, (2, 16))
+    outs = []
+    for m, training in ((model, True), (fused, True), (fused, False)):
+        torch.manual_seed(1)  # the same dropout masks from the same seed
+        outs.append(m.train(training)(idx)[0])
+    torch.testing.assert_close(outs[1], outs[0])
+    assert not torch.allclose(outs[1], outs[2])  # dropout was on in training mode
+
+
+def test_fused_convert_refuses_odd_shapes(fake_te: FakeTE, tiny_cfg: GPTConfig) -> None:
+    with pytest.raises(ValueError, match="divisible by 16.*blocks.0.attn.qkv"):
+        convert_to_te(GPT(tiny_cfg), device="cpu", fused=True)
+
+
+def _proj_without_bias(model: GPT) -> GPT:
+    model.blocks[1].mlp.proj = nn.Linear(4 * FP8_CFG.n_embd, FP8_CFG.n_embd, bias=False)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: convert_to_te(GPT(FP8_CFG), device="cpu"), "blocks.0.ln1 is _FakeLayerNorm"),
+        (lambda: nn.Sequential(nn.Linear(16, 16)), "has no Block"),
+        (lambda: _proj_without_bias(GPT(FP8_CFG)), "blocks.1.mlp: fc and proj must both"),
+    ],
+    ids=["converted-already", "no-block", "mixed-bias"],
+)
+def test_fused_convert_refuses_other_models(
+    fake_te: FakeTE, make: Callable[[], nn.Module], match: str
+) -> None:
+    model = make()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=f"fused=True.*{match}.*fused=False"):
+        convert_to_te(model, device="cpu", fused=True)
+    after = model.state_dict()  # nothing was swapped before the error
+    assert after.keys() == before.keys()
+
+
+def test_fused_policy_with_te_available(
+    fake_te: FakeTE, registry: dict[str, PrecisionPolicy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = register_te_policy(fused=True)
+    assert get_policy(TE_FUSED_POLICY_NAME) is policy
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Fake H100")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    assert get_policy(TE_FUSED_POLICY_NAME, "cuda") is policy  # the check passes
+    if hasattr(fake_te.pytorch, "is_fp8_available"):  # TE's own verdict, with its reason
+        why = (False, "Device compute capability 8.9 or higher required for FP8 execution.")
+        monkeypatch.setattr(fake_te.pytorch, "is_fp8_available", lambda return_reason=False: why)
+        with pytest.raises(RuntimeError, match="'te-fp8-fused'.*TE reports no FP8 .*8.9 or higher"):
+            get_policy(TE_FUSED_POLICY_NAME, "cuda")
+    assert policy.prepare_model is not None  # convert_to_te(..., fused=True)
+    converted = policy.prepare_model(GPT(FP8_CFG), device="cpu")  # type: ignore[call-arg]
+    assert type(converted.blocks[0].mlp) is TEFusedMLP
 
 
 def test_autocast_dispatch_and_recipe(fake_te: FakeTE) -> None:
@@ -503,6 +757,34 @@ def test_te_fp8_matches_bf16_and_ours(
         torch.testing.assert_close(
             our_state["forward"]["scale"][w].cpu(), te_fwd["scale"][w].cpu(), rtol=5e-2, atol=0
         )
+
+
+@needs_te
+def test_te_fp8_fused_matches_unfused(
+    data_factory: Callable[..., TokenData], registry: dict[str, PrecisionPolicy]
+) -> None:
+    """``te-fp8-fused`` trains like ``te-fp8`` and BF16, and its fused QKV (a LayerNormLinear:
+    one GEMM) keeps the same delayed-scaling state as a ``te.Linear``."""
+    device = _fp8_gpu_or_skip()
+    torch.manual_seed(0)
+    model = GPT(FP8_CFG)
+
+    def data() -> TokenData:
+        return data_factory(seed=0, block_size=FP8_CFG.block_size)
+
+    for fused in (False, True):
+        policy = make_te_policy(_OurRecipe(amax_history_len=GPU_HISTORY), fused=fused)
+        registry[policy.name] = policy
+    bf16_losses, _, _ = _train(get_policy("bf16"), model, data(), device)
+    te_losses, _, _ = _train(registry[TE_POLICY_NAME], model, data(), device)
+    fused_losses, fused_model, seen = _train(registry[TE_FUSED_POLICY_NAME], model, data(), device)
+    for other in (bf16_losses, te_losses):
+        assert (
+            max(abs(a - b) for a, b in zip(fused_losses, other, strict=True)) < FP8_LOSS_TOLERANCE
+        )
+    assert set(seen[0]) == {f"blocks.{i}.attn.qkv" for i in range(FP8_CFG.n_layer)}
+    for name in seen[0]:
+        _check_te_scaling_state(te_scaling_state(fused_model.get_submodule(name)), name, seen)
 
 
 def _check_te_scaling_state(

@@ -4,7 +4,8 @@ TE cannot be imported without its CUDA core, so this reads TE's Python source, u
 ``scripts/fetch_te_source.py`` into ``.cache/te/<version>/``, with ``ast``; nothing is imported.
 What is checked comes from ``tutorial_lib.fp8.te_backend``: every callable in ``TE_API_USED``
 accepts the keyword arguments we pass, every name in ``TE_API_NAMED`` exists, the defaults in
-``TE_DEFAULTS_ASSUMED`` hold, and the ``Format`` members exist. A further test checks that
+``TE_DEFAULTS_ASSUMED`` hold, the modules register the parameters ``TE_PARAMETER_NAMES`` copies
+weights into, and the ``Format`` members exist. A further test checks that
 ``te_backend.py`` passes TE no keyword that ``TE_API_USED`` does not declare, so the contract
 grows with the backend.
 
@@ -143,6 +144,28 @@ class SourceTree:
                     params.var_keyword = params.var_keyword and inherited.var_keyword
         return params
 
+    def parameter_names(self, found: Found) -> set[str]:
+        """Names a module class (or a base class) registers parameters under: the literal first
+        argument of ``register_parameter(...)``, or a literal in a list assigned to a
+        ``*_names`` attribute (TE's ``Linear`` registers ``self.weight_names[i]``, with
+        ``self.weight_names = ["weight"]``)."""
+        assert isinstance(found.node, ast.ClassDef), ast.dump(found.node)[:80]
+        names: set[str] = set()
+        for node in ast.walk(found.node):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "register_parameter" and node.args
+                    and isinstance(node.args[0], ast.Constant)):  # fmt: skip
+                names.add(node.args[0].value)
+            elif (isinstance(node, ast.Assign) and isinstance(node.value, ast.List)
+                    and any(isinstance(t, ast.Attribute) and t.attr.endswith("_names")
+                            for t in node.targets)):  # fmt: skip
+                names.update(e.value for e in node.value.elts if isinstance(e, ast.Constant))
+        for base in found.node.bases:
+            resolved = self.lookup(found.module, ast.unparse(base).split(".")[-1])
+            if resolved is not None and isinstance(resolved.node, ast.ClassDef):
+                names |= self.parameter_names(resolved)
+        return names
+
     def _member(self, found: Found | None, name: str) -> Found | None:
         if found is None or not isinstance(found.node, ast.ClassDef):
             return None
@@ -254,6 +277,33 @@ def test_assumed_defaults_hold(te_tree: SourceTree, qualname: str) -> None:
         )
 
 
+@pytest.mark.parametrize("qualname", sorted(te_backend.TE_PARAMETER_NAMES))
+def test_modules_register_the_parameters_we_copy_into(te_tree: SourceTree, qualname: str) -> None:
+    found = te_tree.resolve(qualname)
+    assert found is not None, qualname
+    registered = te_tree.parameter_names(found)
+    missing = set(te_backend.TE_PARAMETER_NAMES[qualname]) - registered
+    assert not missing, f"{qualname} registers no {sorted(missing)}; it has {sorted(registered)}"
+
+
+def test_te_gelu_is_the_tanh_approximation(te_tree: SourceTree) -> None:
+    """``convert_to_te(fused=True)`` passes ``activation="gelu"`` for GPT-2's tanh GELU. The CUDA
+    kernel is not in the wheel; its Python mirrors are: the ``GELU`` op says it computes the
+    "tanh" approximation, and LayerNormMLP's ONNX path maps "gelu" to F.gelu(approximate="tanh").
+    """
+    gelu = te_tree.resolve("transformer_engine.pytorch.ops.basic.activation.GELU")
+    assert gelu is not None and isinstance(gelu.node, ast.ClassDef)
+    assert '"tanh" approximation' in (ast.get_docstring(gelu.node) or "")
+    mlp = te_tree.resolve("transformer_engine.pytorch.LayerNormMLP")
+    assert mlp is not None
+    onnx_gelu = [
+        node.values[i] for node in ast.walk(mlp.node) if isinstance(node, ast.Dict)
+        for i, key in enumerate(node.keys)
+        if isinstance(key, ast.Constant) and key.value == "gelu"
+    ]  # fmt: skip
+    assert any("approximate='tanh'" in ast.unparse(v) for v in onnx_gelu), "no tanh gelu mapping"
+
+
 @pytest.mark.parametrize("qualname", sorted(te_backend.TE_ENUM_MEMBERS))
 def test_enum_members_exist(te_tree: SourceTree, qualname: str) -> None:
     for member in te_backend.TE_ENUM_MEMBERS[qualname]:
@@ -277,6 +327,8 @@ def test_resolver_is_not_vacuous(te_tree: SourceTree) -> None:
     assert linear is not None
     params = te_tree.params(linear)
     assert "no_such_kwarg" not in params.names and not params.var_keyword
+    registered = te_tree.parameter_names(linear)
+    assert {"weight", "bias"} <= registered and "fc1_weight" not in registered
     assert te_tree.resolve("transformer_engine.pytorch.autocast") is not None
 
 
@@ -304,6 +356,8 @@ def test_backend_calls_are_declared() -> None:
     assert {q for q, _, _ in calls} >= {
         "transformer_engine.pytorch.Linear",
         "transformer_engine.pytorch.LayerNorm",
+        "transformer_engine.pytorch.LayerNormLinear",
+        "transformer_engine.pytorch.LayerNormMLP",
         "transformer_engine.pytorch.autocast",
         "transformer_engine.pytorch.fp8_autocast",
         "transformer_engine.common.recipe.DelayedScaling",

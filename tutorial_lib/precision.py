@@ -116,6 +116,7 @@ def register_policy(policy: PrecisionPolicy, *, overwrite: bool = False) -> Prec
 _LAZY_POLICIES: dict[str, tuple[str, str]] = {
     "fp8": ("tutorial_lib.fp8.policy", "register_fp8_policy"),
     "te-fp8": ("tutorial_lib.fp8.te_backend", "register_te_policy"),
+    "te-fp8-fused": ("tutorial_lib.fp8.te_backend", "register_te_policy"),
 }
 
 

@@ -5,8 +5,9 @@ Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (th
 (quantization statistics and capture of a model's GEMM operands), ``linear`` (``FP8Linear`` on
 ``torch._scaled_mm``, ``convert_to_fp8``), ``autocast`` (the FP8 region, named and behaving like
 ``transformer_engine.pytorch.autocast``), ``policy`` (the ``fp8`` precision policy), and
-``te_backend`` (the optional Transformer Engine backend and the ``te-fp8`` policy).
-Importing this package registers ``fp8`` and ``te-fp8`` in ``tutorial_lib.precision``.
+``te_backend`` (the optional Transformer Engine backend and the ``te-fp8`` and ``te-fp8-fused``
+policies). Importing this package registers ``fp8``, ``te-fp8`` and ``te-fp8-fused`` in
+``tutorial_lib.precision``.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ __all__ = [
     "register_fp8_policy",
 ]
 
-# The precision policies of this package: ours (``fp8``) and Transformer Engine's (``te-fp8``).
+# The precision policies of this package: ours (``fp8``) and Transformer Engine's (``te-fp8``,
+# ``te-fp8-fused``; one call registers both).
 register_fp8_policy()
 te_backend.register_te_policy()
