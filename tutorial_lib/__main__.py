@@ -1,4 +1,4 @@
-"""Command line: ``python -m tutorial_lib {info,train} ...`` (``--help`` on each)."""
+"""Command line: ``python -m tutorial_lib {info,train,bench} ...`` (``--help`` on each)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import torch
 
 from . import __version__
 from .config import MODEL_SIZES, PRESETS, GPTConfig, get_preset
-from .hardware import describe_device, fp8_gemm_status, te_available
+from .hardware import default_device, describe_device, fp8_gemm_status, te_available
+from .perf.ladder import FUSIONS
+from .perf.results import DEFAULT_DIR
 from .precision import available_policies
 
 __all__ = ["main", "build_parser"]
@@ -34,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Companion package of 'Fast Transformer Training on Hopper'.",
     )
     parser.add_argument("--version", action="version", version=f"tutorial_lib {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,train}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,train,bench}")
 
     info = sub.add_parser("info", help="describe the device, its spec, the preset, FP8 and TE")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -55,7 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--resume", action="store_true", help="continue from OUT/checkpoint.pt if it exists"
     )
+    train.add_argument("--fused", action="store_true", help="our Triton kernels (chapter 6)")
+    train.add_argument("--compile", action="store_true", help="torch.compile the training step")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    bench = sub.add_parser("bench", help="run a benchmark and record it (JSON + Markdown)")
+    bench.add_argument(
+        "--ladder", action="store_true", help="the ablation ladder, fp32 eager to FP8 (chapter 7)"
+    )
+    bench.add_argument("--preset", choices=list(PRESETS), help="default: $TUTORIAL_PRESET/auto")
+    bench.add_argument("--fusion", choices=FUSIONS, default="compile", help="rung 4's fusion")
+    bench.add_argument("--rungs", help="comma-separated rung numbers to run (default: all)")
+    bench.add_argument("--steps", type=_positive_int, help="steps per rung (default: preset)")
+    bench.add_argument("--batch-size", type=_positive_int, help="sequences per step")
+    bench.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    bench.add_argument("--out", type=Path, default=Path(DEFAULT_DIR), help="results folder")
+    bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
 
 
@@ -119,6 +136,8 @@ def _train(args: argparse.Namespace) -> int:
         eval_iters=preset.eval_iters,
         checkpoint_every=args.checkpoint_every,
         precision=args.precision,
+        fused=args.fused,
+        compile=args.compile,
         seed=args.seed,
         progress=not args.no_progress,
     )
@@ -142,11 +161,54 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rung_numbers(text: str, count: int) -> list[int]:
+    try:
+        numbers = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--rungs takes comma-separated numbers, e.g. 1,3,4; got {text!r}."
+        ) from None
+    bad = [n for n in numbers if not 1 <= n <= count]
+    if bad or not numbers:
+        raise ValueError(f"--rungs: rung numbers run from 1 to {count}; got {text!r}.")
+    return numbers
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if not args.ladder:
+        raise ValueError(
+            "Choose a benchmark: --ladder (the others are scripts: benchmarks/precision.py, "
+            "benchmarks/fp8.py, benchmarks/fusion.py)."
+        )
+    from .perf import environment_stamp, markdown_table, results_label, write_results
+    from .perf.ladder import ladder_meta, ladder_rungs, ladder_table, run_ladder
+
+    preset = get_preset(args.preset)
+    rungs = ladder_rungs(args.fusion)
+    if args.rungs:
+        rungs = [rungs[n - 1] for n in _rung_numbers(args.rungs, len(rungs))]
+    device = torch.device(args.device) if args.device else default_device()
+    rows = run_ladder(
+        preset, device, rungs, steps=args.steps, batch=args.batch_size,
+        progress=not args.no_progress,
+    )  # fmt: skip
+    env = {**environment_stamp(device), "preset": preset.name}
+    meta = {**ladder_meta(preset, rows), "fusion": args.fusion,
+            "losses": {r["rung"]: r.get("losses") for r in rows}}  # fmt: skip
+    table = ladder_table(rows)
+    path = write_results("ladder", table, args.out, meta, environment=env)
+    print(f"ablation ladder, preset {preset.name}: {results_label({'environment': env})}")
+    print(env["device_summary"])
+    print(markdown_table(table))
+    print(f"wrote {path} and {path.with_suffix('.md').name}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return {"info": _info, "train": _train}[args.command](args)
+        return {"info": _info, "train": _train, "bench": _bench}[args.command](args)
     except (ValueError, FileNotFoundError, RuntimeError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

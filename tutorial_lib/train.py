@@ -52,6 +52,12 @@ class TrainConfig:
         eval_every/eval_iters: validation cadence and batches; checkpoint_every (0: only at end).
         precision: policy name (see ``precision.available_policies()``); seed: RNG seed.
         progress: show a tqdm progress bar.
+    Kernels (chapter 6; both combine with any precision):
+        fused: swap LayerNorm, residual-add + LayerNorm, bias + GELU and the loss for our
+            Triton kernels (``kernels.use_triton_kernels``; the Triton interpreter on a CPU).
+        compile: run training steps through ``torch.compile``; the first step includes the
+            compilation (``Trainer.compile_time_s`` estimates how long it took). Evaluation runs
+            eager, so switching to eval mode costs no second compilation.
     """
 
     steps: int = 100
@@ -70,6 +76,8 @@ class TrainConfig:
     precision: str = "fp32"
     seed: int = 0
     progress: bool = True
+    fused: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "eval_iters"):
@@ -173,7 +181,19 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         if self.policy.prepare_model is not None:
             model = self.policy.prepare_model(model)
+        if cfg.fused:
+            from .kernels.fused import use_triton_kernels
+
+            model = use_triton_kernels(model)
         self.model = model.to(self.device)
+        # The module that runs training steps: the model itself, or its torch.compile wrapper
+        # (which shares the parameters; checkpoints always hold self.model's state dict).
+        self._step_model: torch.nn.Module = self.model
+        self._first_compiled_step: int | None = None  # the step that paid for compilation
+        if cfg.compile:
+            from .kernels.compile import compile_model
+
+            self._step_model = compile_model(self.model)
         self.optimizer = self._make_optimizer()
         self.scaler = self.policy.make_grad_scaler(self.device)
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -199,6 +219,19 @@ class Trainer:
             return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=betas)
 
     @property
+    def compile_time_s(self) -> float | None:
+        """With ``compile``: the first compiled step's time minus the median of the steps after
+        it (None without ``compile`` or before two steps)."""
+        first = self._first_compiled_step
+        if first is None:
+            return None
+        rows = {int(r["step"]): float(r["step_time_s"]) for r in self.history}  # type: ignore[arg-type]
+        later = sorted(t for k, t in rows.items() if k > first)
+        if first not in rows or not later:
+            return None
+        return max(0.0, rows[first] - later[len(later) // 2])
+
+    @property
     def tokens_per_step(self) -> int:
         return self.cfg.batch_size * self.cfg.grad_accum * self.data.block_size
 
@@ -218,7 +251,7 @@ class Trainer:
             for _ in range(cfg.grad_accum):
                 x, y = self.data.get_batch("train", cfg.batch_size, self.device)
                 with self.policy.autocast(self.device):
-                    _, loss = self.model(x, y)
+                    _, loss = self._step_model(x, y)
                 loss = loss / cfg.grad_accum
                 total_loss += loss.detach()
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -245,6 +278,8 @@ class Trainer:
         synchronize(self.device)
         dt = time.perf_counter() - t0
         tps = self.tokens_per_step / dt
+        if self.cfg.compile and self._first_compiled_step is None:
+            self._first_compiled_step = step  # tracing + compiling + one step
         self.step += 1
         return {
             "step": step,

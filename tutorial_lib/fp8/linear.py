@@ -210,6 +210,10 @@ class FP8Linear(nn.Linear):
         self._bind_state()
 
     # ---- forward ---------------------------------------------------------------------------
+    # torch.compile runs this method eagerly (a graph break on each side): its scaling state is
+    # Python-side and updated in place between forward and backward, which Dynamo cannot trace
+    # safely. The ops around the layer (LayerNorm, GELU, residual adds) still get compiled.
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fp8 = get_autocast_state()
         if fp8 is None or not (fp8.enabled or fp8.calibrating):

@@ -1,0 +1,91 @@
+"""Tests for ``kernels.compile``: compile reports from torch's own counters, generated code and
+kernel counts, and the eager op count they are compared with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tutorial_lib.kernels.compile import (
+    CompileReport,
+    compile_model,
+    count_eager_ops,
+    count_kernels,
+    generated_code,
+    measure_compile,
+)
+
+
+def _bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x + b, approximate="tanh")
+
+
+def test_count_kernels_reads_definitions_and_library_calls() -> None:
+    code = """
+cpp_fused_add_gelu_0 = async_compile.cpp_pybinding(['float*'], '''...''')
+cpp_fused_add_gelu_0(buf0, buf1)
+extern_kernels.addmm(b, x, w, alpha=1, beta=1, out=buf2)
+extern_kernels.mm(buf2, w2, out=buf3)
+"""
+    assert count_kernels(code) == {"generated": 1, "library": 2}
+    assert count_kernels([code, "def triton_poi_fused_mul_1(in_ptr0, out_ptr0):"]) == {
+        "generated": 2,
+        "library": 2,
+    }
+
+
+def test_eager_counts_two_ops_where_compile_generates_one_kernel() -> None:
+    x, b = torch.randn(37, 53), torch.randn(53)
+    ops = count_eager_ops(_bias_gelu, x, b)
+    assert ops == {"aten.add": 1, "aten.gelu": 1}
+    code = generated_code(torch.compile(_bias_gelu, dynamic=False), x, b)
+    assert count_kernels(code)["generated"] == 1  # the add and the GELU in one loop
+    assert count_kernels(code)["library"] == 0
+
+
+def test_eager_op_count_excludes_views() -> None:
+    ops = count_eager_ops(lambda t: t.view(-1).t().sum(), torch.randn(3, 4))
+    assert ops == {"aten.sum": 1}
+
+
+def test_measure_compile_reports_one_graph_without_breaks() -> None:
+    torch._dynamo.reset()
+    x, b = torch.randn(64, 96), torch.randn(96)
+    fn = torch.compile(_bias_gelu, dynamic=False)
+    out, report = measure_compile(lambda: fn(x, b), steady_iters=2)
+    torch.testing.assert_close(out, _bias_gelu(x, b))
+    assert report.graphs == 1 and report.graph_breaks == 0
+    assert report.generated_kernels is not None and report.generated_kernels >= 1
+    assert report.first_call_s > report.steady_s > 0
+    assert "graph break" in report.summary()
+
+
+def test_measure_compile_counts_graph_breaks_with_reasons() -> None:
+    torch._dynamo.reset()
+
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        y = torch.sin(x)
+        torch._dynamo.graph_break()
+        return torch.cos(y)
+
+    fn = torch.compile(broken, dynamic=False)
+    _, report = measure_compile(lambda: fn(torch.randn(8)), steady_iters=1)
+    assert report.graph_breaks is not None and report.graph_breaks >= 1
+    assert report.graphs == 2
+    assert report.break_reasons
+
+
+def test_measure_compile_validates_and_reports_compile_time() -> None:
+    with pytest.raises(ValueError, match="steady_iters"):
+        measure_compile(lambda: None, steady_iters=0)
+    report = CompileReport(first_call_s=2.0, steady_s=0.5, graphs=1, graph_breaks=0,
+                           generated_kernels=3)  # fmt: skip
+    assert report.compile_s == 1.5
+    assert CompileReport(0.1, 0.2, 1, 0, None).compile_s == 0.0
+
+
+def test_compile_model_shares_parameters() -> None:
+    lin = torch.nn.Linear(5, 3)
+    compiled = compile_model(lin)
+    assert next(compiled.parameters()) is lin.weight

@@ -1,0 +1,207 @@
+"""``torch.compile`` with its costs and its output in view.
+
+``torch.compile`` traces Python into FX graphs (TorchDynamo), differentiates them ahead of time
+(AOTAutograd) and hands them to Inductor, which fuses pointwise and reduction ops into generated
+kernels: Triton on a GPU, C++/OpenMP on the CPU. Matmuls and attention stay library calls
+(``extern_kernels.mm``, ``addmm``, SDPA). This module reports what that cost and produced:
+
+- ``measure_compile``: time of the first call (tracing + compiling + running) apart from the
+  steady-state call time, the number of graphs, graph breaks (with their reasons) and generated
+  kernels, from torch's own counters (``torch._dynamo.utils.counters`` and
+  ``torch._inductor.metrics``);
+- ``generated_code`` / ``count_kernels``: the code Inductor wrote, and how many kernels it launches;
+- ``count_eager_ops``: how many ATen operators eager PyTorch dispatches for the same work, each one
+  a kernel that reads its inputs from and writes its output to memory.
+
+These counters are private torch APIs (stable in practice since torch 2.1); each read is guarded,
+so a future rename gives ``None`` instead of an exception.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..autocast_inspect import SKIPPED_OPS
+
+__all__ = [
+    "CompileReport",
+    "compile_model",
+    "measure_compile",
+    "generated_code",
+    "count_kernels",
+    "count_eager_ops",
+]
+
+
+def compile_model(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+    """``torch.compile(model, **kwargs)``; compilation itself happens lazily at the first call.
+
+    The returned wrapper shares parameters with ``model``; save and load ``model.state_dict()``
+    (the wrapper's keys carry an ``_orig_mod.`` prefix).
+    """
+    if not hasattr(torch, "compile"):
+        raise RuntimeError(f"torch {torch.__version__} has no torch.compile; install torch>=2.1.")
+    return torch.compile(model, **kwargs)
+
+
+@dataclass
+class CompileReport:
+    """What one compilation cost and produced.
+
+    first_call_s: wall time of the first call (trace + compile + one run).
+    steady_s: median wall time of the calls after it; ``compile_s`` is the difference.
+    graphs: FX graphs Dynamo captured (1 means the whole function became one graph).
+    graph_breaks: how many times Dynamo fell back to Python; ``break_reasons`` says why.
+    generated_kernels: kernels Inductor generated (Triton on GPU, C++ on CPU); None if the
+        counter is unavailable.
+    """
+
+    first_call_s: float
+    steady_s: float
+    graphs: int | None
+    graph_breaks: int | None
+    generated_kernels: int | None
+    break_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def compile_s(self) -> float:
+        return max(0.0, self.first_call_s - self.steady_s)
+
+    def summary(self) -> str:
+        kernels = "?" if self.generated_kernels is None else self.generated_kernels
+        return (
+            f"compile {self.compile_s:.1f} s (first call {self.first_call_s:.1f} s, then "
+            f"{1e3 * self.steady_s:.1f} ms per call); {self.graphs} graph(s), "
+            f"{self.graph_breaks} graph break(s), {kernels} generated kernel(s)"
+        )
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _reset_counters() -> None:
+    try:
+        from torch._dynamo.utils import counters
+
+        counters.clear()
+    except ImportError:  # pragma: no cover - torch without dynamo
+        pass
+    try:
+        from torch._inductor import metrics
+
+        metrics.reset()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _read_counters() -> tuple[int | None, int | None, int | None, dict[str, int]]:
+    graphs = breaks = kernels = None
+    reasons: dict[str, int] = {}
+    try:
+        from torch._dynamo.utils import counters
+
+        graphs = int(counters["stats"].get("unique_graphs", 0))
+        reasons = {str(k): int(v) for k, v in counters["graph_break"].items()}
+        breaks = sum(reasons.values())
+    except (ImportError, KeyError, AttributeError):  # pragma: no cover
+        pass
+    try:
+        from torch._inductor import metrics
+
+        kernels = int(metrics.generated_kernel_count)
+    except (ImportError, AttributeError):  # pragma: no cover
+        pass
+    return graphs, breaks, kernels, reasons
+
+
+def measure_compile(
+    fn: Callable[[], Any], steady_iters: int = 3, reset: Callable[[], None] | None = None
+) -> tuple[Any, CompileReport]:
+    """Call ``fn`` (which calls a compiled model) once cold and ``steady_iters`` times warm.
+
+    Dynamo and Inductor counters are cleared first, so the report counts this compilation only
+    (run it before compiling anything else; the FX graph cache on disk can make a repeated
+    compilation of the same code faster than a first one). ``reset`` runs before every call
+    (e.g. ``optimizer.zero_grad``). Returns the first call's result and the report.
+    """
+    if steady_iters < 1:
+        raise ValueError(f"steady_iters must be >= 1, got {steady_iters}.")
+    _reset_counters()
+    _sync()
+    t0 = time.perf_counter()
+    if reset is not None:
+        reset()
+    result = fn()
+    _sync()
+    first = time.perf_counter() - t0
+    graphs, breaks, kernels, reasons = _read_counters()
+    times = []
+    for _ in range(steady_iters):
+        if reset is not None:
+            reset()
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - t0)
+    steady = sorted(times)[len(times) // 2]
+    return result, CompileReport(first, steady, graphs, breaks, kernels, reasons)
+
+
+def generated_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[str]:
+    """The source Inductor generated while running ``fn(*args)`` (``fn`` should call a
+    ``torch.compile``d function). One string per compiled graph (forward and backward apart)."""
+    from torch._inductor.utils import run_and_get_code
+
+    _, code = run_and_get_code(fn, *args, **kwargs)
+    return list(code)
+
+
+# A generated kernel is defined once and launched from the graph's ``call`` function:
+# Triton kernels as ``triton_<kind>_fused_...``, C++ kernels as ``cpp_fused_...``.
+_KERNEL_DEF = re.compile(r"\b(?:def |async_compile\.\w+\(\s*')?(triton_\w+|cpp_fused_\w+)")
+_EXTERN = re.compile(r"\bextern_kernels\.(\w+)\(|\btorch\.ops\.aten\.(\w+)")
+
+
+def count_kernels(code: str | list[str]) -> dict[str, int]:
+    """Kernels the generated code runs: ``generated`` (Inductor's own fused kernels, distinct
+    names) and ``library`` (calls to library kernels: matmuls, attention, ...)."""
+    text = code if isinstance(code, str) else "\n".join(code)
+    generated = {m.group(1) for m in _KERNEL_DEF.finditer(text)}
+    library = sum(1 for _ in _EXTERN.finditer(text))
+    return {"generated": len(generated), "library": library}
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = f"{func.namespace}.{func._schema.name.split('::')[-1]}"
+        if name not in SKIPPED_OPS:
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_eager_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Counter[str]:
+    """ATen operators (views and detaches excluded) that eager ``fn(*args)`` dispatches, by name.
+
+    Each is one kernel launch (on the CPU, one pass of a library routine) that reads its inputs
+    and writes its output: the round trips fusion removes. Includes backward ops if ``fn`` calls
+    ``backward()``.
+    """
+    counter = _OpCounter()
+    with counter:
+        fn(*args, **kwargs)
+    return counter.ops

@@ -1,0 +1,122 @@
+"""Memory-bound ops three ways (eager, ``torch.compile``, our Triton kernels) and whole training
+steps eager vs compiled vs fused: the measurements behind chapter 6 and ``benchmarks/fusion.py``.
+
+Each op row has the median time, the op's minimum HBM traffic (``kernels.traffic``), the achieved
+bandwidth against that minimum and, on a GPU in the spec table, the fraction of the datasheet's
+HBM bandwidth. Triton kernels are timed on CUDA only: on a CPU they run in Triton's interpreter,
+whose time measures Python, not memory, and the row says so instead of showing a number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .. import kernels
+from ..config import RunPreset
+from ..hardware import describe_device
+from ..kernels import traffic
+from .ladder import Rung, run_ladder
+from .timing import benchmark
+
+__all__ = ["OpCase", "op_cases", "time_ops", "step_rows"]
+
+
+@dataclasses.dataclass
+class OpCase:
+    """One op: its inputs, the eager function, our kernel, and its minimum traffic in bytes."""
+
+    name: str
+    shape: str
+    inputs: tuple[torch.Tensor, ...]
+    eager: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
+    triton: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
+    min_bytes: int
+
+
+def _add_ln(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor):  # noqa: ANN202
+    s = x + r
+    return s, F.layer_norm(s, s.shape[-1:], w, b, 1e-5)
+
+
+def op_cases(
+    preset: RunPreset, dtype: torch.dtype, device: torch.device, batch: int | None = None
+) -> list[OpCase]:
+    """The five memory-bound ops at the preset model's shapes, for ``batch`` sequences (default
+    the preset's ``bench_batch_size``)."""
+    cfg = preset.model_config()
+    B, T, C, V = batch or preset.bench_batch_size, cfg.block_size, cfg.n_embd, cfg.vocab_size
+    M = B * T
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dt)
+
+    w, b = rand(C, dt=torch.float32), rand(C, dt=torch.float32)
+    targets = torch.randint(V, (M,), generator=g, device=device)
+    rows = B * cfg.n_head * T
+    return [
+        OpCase("bias + GELU", f"({M}, {4 * C})", (rand(M, 4 * C), rand(4 * C)),
+               lambda x, bb: F.gelu(x + bb, approximate="tanh"), kernels.bias_gelu,
+               traffic.bias_gelu_bytes(M, 4 * C, dtype)),
+        OpCase("LayerNorm", f"({M}, {C})", (rand(M, C), w, b),
+               lambda x, ww, bb: F.layer_norm(x, (C,), ww, bb, 1e-5), kernels.layer_norm,
+               traffic.layer_norm_bytes(M, C, dtype)),
+        OpCase("residual add + LayerNorm", f"({M}, {C})", (rand(M, C), rand(M, C), w, b),
+               _add_ln, kernels.add_layer_norm, traffic.add_layer_norm_bytes(M, C, dtype)),
+        OpCase("softmax", f"({rows}, {T})", (rand(rows, T),),
+               lambda x: torch.softmax(x, dim=-1), kernels.softmax,
+               traffic.softmax_bytes(rows, T, dtype)),
+        OpCase("cross-entropy", f"({M}, {V})", (rand(M, V), targets),
+               lambda x, t: F.cross_entropy(x.float(), t), kernels.cross_entropy,
+               traffic.cross_entropy_bytes(M, V, dtype)),
+    ]  # fmt: skip
+
+
+def time_ops(
+    cases: Sequence[OpCase], device: torch.device, timing: tuple[int, int]
+) -> list[dict[str, Any]]:
+    """One row per (op, implementation): time, traffic, GB/s, fraction of the HBM peak."""
+    spec = describe_device(device).spec
+    rows = []
+    for case in cases:
+        impls: dict[str, Callable[..., Any] | str] = {
+            "eager": case.eager,
+            "compile": torch.compile(case.eager, dynamic=False),
+            "triton": case.triton if device.type == "cuda" else (
+                "Triton kernels are timed on a CUDA GPU only: on a CPU they run in the "
+                "interpreter, whose time measures Python, not memory"
+            ),
+        }  # fmt: skip
+        for impl, fn in impls.items():
+            row: dict[str, Any] = {"op": case.name, "impl": impl, "shape": case.shape,
+                                   "dtype": str(case.inputs[0].dtype).removeprefix("torch.")}  # fmt: skip
+            if isinstance(fn, str):
+                rows.append({**row, "skipped": fn})
+                continue
+            with torch.no_grad():
+                result = benchmark(lambda f=fn, a=case.inputs: f(*a), *timing, device=device)
+            seconds = result.median
+            rows.append({
+                **row, "time_us": 1e6 * seconds, "min_bytes": case.min_bytes,
+                "GB/s": traffic.achieved_bandwidth(case.min_bytes, seconds) / 1e9,
+                "fraction_of_hbm_peak": traffic.bandwidth_fraction(case.min_bytes, seconds, spec),
+            })  # fmt: skip
+    return rows
+
+
+def step_rows(preset: RunPreset, device: torch.device, steps: int) -> list[dict[str, Any]]:
+    """Whole training steps: eager, compiled and (GPU) our Triton kernels, same precision."""
+    precision = "bf16" if device.type == "cuda" else "fp32"  # CPU BF16 is emulated: not fusion
+    rungs = [Rung("eager", precision), Rung("compile", precision, compile=True)]
+    if device.type == "cuda":
+        rungs.append(Rung("triton kernels", precision, fused=True))
+    rows = run_ladder(preset, device, rungs, steps=steps, batch=preset.bench_batch_size,
+                      progress=False)  # fmt: skip
+    keep = ("rung", "precision", "skipped", "step_time_ms", "tokens_per_s", "mfu",
+            "peak_mem_bytes", "compile_s", "final_loss")  # fmt: skip
+    return [{k: r[k] for k in keep if k in r} for r in rows]

@@ -1,0 +1,265 @@
+"""The ablation ladder (chapter 7): one rung per optimisation, each keeping the ones below it.
+
+    1. fp32 eager        the baseline
+    2. tf32              FP32 matmuls on TF32 tensor cores (CUDA only)
+    3. bf16 autocast     BF16 matmuls and attention, FP32 master weights
+    4. + fusion          torch.compile (default) or our Triton kernels (``fusion="triton"``)
+    5. + fp8             our delayed-scaling FP8 Linear layers, still with rung 4's fusion
+    6. TE fused fp8      Transformer Engine's LayerNormLinear/LayerNormMLP (``te-fp8-fused``)
+
+Every rung trains the same model from the same seed on the same batches with the ``Trainer`` for
+the same number of steps, so one run gives both numbers the chapter needs: throughput (median step
+time after the warm-up steps, which also absorb compilation), MFU and peak memory, and the loss
+curve to compare with the FP32 one. A rung the device cannot run is kept in the table with the
+reason (``skipped``), never silently dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+from tqdm.auto import tqdm
+
+from ..config import RunPreset
+from ..data import TokenData, make_data
+from ..hardware import default_device, describe_device
+from ..model import GPT
+from ..precision import get_policy
+from ..viz import label_hardware
+
+__all__ = ["FUSIONS", "Rung", "ladder_rungs", "run_rung", "run_ladder", "ladder_table",
+           "plot_ladder", "plot_ladder_losses", "ladder_meta", "final_loss"]  # fmt: skip
+
+FUSIONS = ("compile", "triton", "both")
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung: a precision policy plus the kernel options (``TrainConfig.fused``/``compile``)."""
+
+    name: str
+    precision: str
+    fused: bool = False
+    compile: bool = False
+    what: str = ""
+
+
+def ladder_rungs(fusion: str = "compile") -> list[Rung]:
+    """The six rungs. ``fusion`` picks rung 4's (and 5's) fusion: ``compile`` (torch.compile),
+    ``triton`` (our kernels; on a CPU they run in Triton's slow interpreter) or ``both``."""
+    if fusion not in FUSIONS:
+        raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}.")
+    opts = {"compile": fusion in ("compile", "both"), "fused": fusion in ("triton", "both")}
+    label = {"compile": "torch.compile", "triton": "Triton kernels", "both": "Triton + compile"}
+    return [
+        Rung("1 fp32 eager", "fp32", what="FP32 everywhere, eager PyTorch"),
+        Rung("2 tf32", "tf32", what="FP32 matmuls on TF32 tensor cores"),
+        Rung("3 bf16 autocast", "bf16", what="BF16 matmuls, FP32 master weights"),
+        Rung(f"4 + {label[fusion]}", "bf16", **opts, what="memory-bound ops fused"),
+        Rung("5 + fp8", "fp8", **opts, what="FP8 delayed scaling (ours), plus rung 4"),
+        Rung("6 TE fused fp8", "te-fp8-fused", what="TE LayerNormLinear/LayerNormMLP in FP8"),
+    ]
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def run_rung(
+    rung: Rung,
+    preset: RunPreset,
+    data: TokenData,
+    steps: int,
+    batch: int,
+    warmup: int,
+    device: torch.device,
+    seed: int = 0,
+    start: dict[str, torch.Tensor] | None = None,
+) -> dict[str, Any]:
+    """Train one rung for ``steps`` steps; its row (or the reason it was skipped).
+
+    ``start`` is a ``data.state_dict()`` to rewind the sampler to first."""
+    from ..train import TrainConfig, Trainer  # train imports perf: import here, not at the top
+
+    row: dict[str, Any] = {"rung": rung.name, "precision": rung.precision, "fused": rung.fused,
+                           "compile": rung.compile}  # fmt: skip
+    try:
+        get_policy(rung.precision, device)
+    except (RuntimeError, KeyError) as exc:
+        return {**row, "skipped": str(exc).strip("'\"")}
+    cfg = TrainConfig(
+        steps=steps, batch_size=batch, lr=preset.lr, warmup_steps=min(preset.warmup_steps, steps),
+        eval_every=0, precision=rung.precision, fused=rung.fused, compile=rung.compile,
+        seed=seed, progress=False,
+    )  # fmt: skip
+    if start is not None:
+        data.load_state_dict(start)  # every rung sees the same batches
+    torch.manual_seed(seed)
+    model = GPT(preset.model_config())
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        trainer = Trainer(model, data, cfg, device=device)
+    except ValueError as exc:  # e.g. FP8 shapes not multiples of 16
+        return {**row, "skipped": str(exc)}
+    history = trainer.train()
+    timed = [r for r in history if int(r["step"]) >= warmup] or history  # type: ignore[arg-type]
+    step_s = _median([float(r["step_time_s"]) for r in timed])  # type: ignore[arg-type]
+    mfus = [r["mfu"] for r in timed if r["mfu"] is not None]
+    tokens = batch * data.block_size
+    row.update(
+        steps=steps, batch=batch, seq=data.block_size, step_time_ms=1e3 * step_s,
+        tokens_per_s=tokens / step_s, mfu=_median(mfus) if mfus else None,  # type: ignore[arg-type]
+        peak_mem_bytes=max(float(r["peak_mem_bytes"]) for r in history),  # type: ignore[arg-type]
+        first_step_s=float(history[0]["step_time_s"]),  # type: ignore[arg-type]
+        compile_s=trainer.compile_time_s, losses=[float(r["loss"]) for r in history],  # type: ignore[arg-type]
+    )  # fmt: skip
+    row["final_loss"] = final_loss(row["losses"])
+    note = _device_note(rung, device)
+    if note:
+        row["note"] = note
+    return row
+
+
+def _device_note(rung: Rung, device: torch.device) -> str | None:
+    """Say when a rung cannot show its effect on this device, so nobody reads too much into it."""
+    if device.type != "cpu":
+        return None
+    notes = {
+        "tf32": "TF32 is a CUDA tensor-core mode: FP32 math on a CPU",
+        "fp8": "FP8 GEMMs emulated in FP32 on a CPU: exact, slow",
+    }
+    if rung.precision in notes:
+        return notes[rung.precision]
+    if rung.precision == "bf16" and not describe_device(device).bf16_supported:
+        return "no BF16 matrix units on this CPU: emulated, slow"
+    if rung.fused:
+        return "Triton kernels run in the interpreter on a CPU: slow"
+    return None
+
+
+def final_loss(losses: Sequence[float]) -> float:
+    """Mean loss over the last fifth of the steps (at least one): single small-batch steps are
+    noisy, and runs that differ only in rounding wander apart step by step, then back."""
+    k = max(1, len(losses) // 5)
+    return sum(losses[-k:]) / k
+
+
+def run_ladder(
+    preset: RunPreset,
+    device: torch.device | str | None = None,
+    rungs: Sequence[Rung] | None = None,
+    steps: int | None = None,
+    batch: int | None = None,
+    data: TokenData | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run every rung (default ``ladder_rungs()``) at the preset's comparison size.
+
+    ``steps`` defaults to the preset's ``parity_steps`` and ``batch`` to ``parity_batch_size``;
+    the first ``bench_warmup`` steps (at least 1, which holds any compilation) are left out of
+    the timing. Rows are in rung order; skipped rungs carry ``skipped`` with the reason.
+    """
+    dev = torch.device(device) if device is not None else default_device()
+    rungs = list(rungs) if rungs is not None else ladder_rungs()
+    steps = steps or preset.parity_steps
+    batch = batch or preset.parity_batch_size
+    warmup = min(max(1, preset.bench_warmup), steps - 1) if steps > 1 else 0
+    cfg = preset.model_config()
+    data = data or make_data(cfg.block_size, seed=seed)
+    start = data.state_dict()
+    rows = []
+    bar = tqdm(rungs, desc="ladder", unit="rung", disable=not progress, dynamic_ncols=True)
+    for rung in bar:
+        bar.set_postfix_str(rung.name)
+        rows.append(run_rung(rung, preset, data, steps, batch, warmup, dev, seed, start))
+    bar.close()
+    return rows
+
+
+def ladder_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows reduced to what a reader compares: speed-up over the first rung that ran, and
+    ``final_loss`` (mean of the last fifth of the steps) next to that rung's."""
+    base = next((r for r in rows if "skipped" not in r), None)
+    table = []
+    for r in rows:
+        if "skipped" in r:
+            table.append({"rung": r["rung"], "skipped": r["skipped"]})
+            continue
+        mem = r.get("peak_mem_bytes")
+        table.append({
+            "rung": r["rung"],
+            "tokens/s": round(r["tokens_per_s"]),
+            "speed-up": r["tokens_per_s"] / base["tokens_per_s"] if base else None,
+            "MFU": r.get("mfu"),
+            "step ms": r["step_time_ms"],
+            "peak mem MiB": None if mem is None else mem / 2**20,
+            "compile s": r.get("compile_s"),
+            "final loss": r["final_loss"],
+            "vs rung 1": r["final_loss"] - base["final_loss"] if base else None,
+            "note": r.get("note", ""),
+        })  # fmt: skip
+    return table
+
+
+def plot_ladder(rows: Sequence[dict[str, Any]], hardware: str | None = None) -> Figure:
+    """Bars of tokens/s, MFU and peak memory per rung (skipped rungs show their gap, labelled)."""
+    names = [r["rung"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), sharey=True)
+    panels = [("tokens_per_s", "tokens / s", 1.0), ("mfu", "MFU (%)", 100.0),
+              ("peak_mem_bytes", "peak memory (MiB)", 1 / 2**20)]  # fmt: skip
+    y = list(range(len(rows)))
+    for ax, (key, title, scale) in zip(axes, panels, strict=True):
+        values = [None if "skipped" in r or r.get(key) is None else r[key] * scale for r in rows]
+        ax.barh(y, [v or 0.0 for v in values], color=[f"C{i % 7}" for i in y])
+        for i, v in zip(y, values, strict=True):
+            text = "skipped" if "skipped" in rows[i] else ("n/a" if v is None else f"{v:,.3g}")
+            ax.annotate(f" {text}", (v or 0.0, i), va="center", fontsize=8)
+        ax.set_title(title)
+        ax.set_xmargin(0.25)
+    axes[0].set_yticks(y, names)
+    axes[0].invert_yaxis()
+    if hardware:
+        label_hardware(axes[-1], hardware)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ladder_losses(rows: Sequence[dict[str, Any]], hardware: str | None = None) -> Figure:
+    """Training loss per step for every rung that ran: the optimisations must not change it."""
+    fig, ax = plt.subplots()
+    for i, r in enumerate(rows):
+        if "skipped" in r:
+            continue
+        losses = r["losses"]
+        ax.plot(range(1, len(losses) + 1), losses, color=f"C{i % 7}", label=r["rung"],
+                lw=1.4, ls="-" if i % 2 == 0 else "--")  # fmt: skip
+    ax.set_title("Loss parity across the ladder")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy (nats per byte)")
+    ax.legend(fontsize=8)
+    if hardware:
+        label_hardware(ax, hardware)
+    return fig
+
+
+def ladder_meta(preset: RunPreset, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a results file needs to say about how the ladder was run."""
+    first = next((r for r in rows if "skipped" not in r), {})
+    return {
+        "preset": preset.name,
+        "model": preset.model,
+        "model_config": dataclasses.asdict(preset.model_config()),
+        "steps": first.get("steps"),
+        "batch": first.get("batch"),
+        "cpu_threads": torch.get_num_threads(),
+        "timing": "median Trainer step (AdamW, clipping) after the warm-up steps, real data",
+    }
