@@ -3,6 +3,17 @@
 Everything the book's notebooks run lives here; the notebooks import it and never redefine it.
 """
 
+import os as _os
+
+import torch as _torch
+
+# Triton picks interpreter or compiled mode when a kernel (or its own library, e.g. tl.sum) is
+# decorated, and torch.utils.flop_counter imports Triton's library as a side effect. So the choice
+# for a machine without CUDA (kernels run in Triton's CPU interpreter) is made here, first; see
+# tutorial_lib/kernels/runtime.py, which also copes with Triton imported before this package.
+if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
+    _os.environ["TRITON_INTERPRET"] = "1"
+
 from .config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
 from .data import ByteTokenizer, TokenData, load_corpus, make_data, synthetic_batch
 from .hardware import SPECS, DeviceInfo, DeviceSpec, describe_device

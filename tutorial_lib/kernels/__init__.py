@@ -1,0 +1,121 @@
+"""Triton kernels for the memory-bound parts of a transformer step, with everything to check them.
+
+Each kernel module holds, in reading order: a plain-PyTorch ``*_reference`` (the definition the
+tests compare against), the ``@triton.jit`` kernels, the launchers ``*_forward`` /
+``*_backward`` (which take optional preallocated outputs), a ``torch.autograd.Function`` and the
+user-facing function:
+
+===================  =========================================================================
+module               user-facing functions
+===================  =========================================================================
+``bias_gelu``        ``bias_gelu(x, bias)``: GELU (tanh) of ``x + bias`` in one pass
+``layernorm``        ``layer_norm(x, w, b, eps)``; ``add_layer_norm(x, residual, w, b, eps)``
+                     returning ``(x + residual, LayerNorm(x + residual))`` from one kernel
+``softmax``          ``softmax(x)`` over the last dim
+``cross_entropy``    ``cross_entropy(logits, targets, ignore_index)``: online logsumexp, the
+                     softmax never written to memory
+``traffic``          the minimum HBM bytes of each kernel, and achieved bandwidth
+``runtime``          where kernels run, ``triton_status()``, input checks
+``fused``            ``TritonLayers`` (a layer factory) and ``use_triton_kernels(model)``
+``compile``          ``torch.compile`` with compile time, graph breaks and kernel counts
+===================  =========================================================================
+
+Without a CUDA device, importing this package switches on Triton's interpreter
+(``TRITON_INTERPRET=1``, see :mod:`tutorial_lib.kernels.runtime`): the same kernels run on the
+CPU through NumPy, correct but slow, which is how the tests and the ``ci`` preset run them.
+"""
+
+from __future__ import annotations
+
+from .bias_gelu import bias_gelu, bias_gelu_backward, bias_gelu_forward, bias_gelu_reference
+from .compile import (
+    CompileReport,
+    compile_model,
+    count_eager_ops,
+    count_kernels,
+    generated_code,
+    measure_compile,
+)
+from .cross_entropy import (
+    cross_entropy,
+    cross_entropy_backward,
+    cross_entropy_forward,
+    cross_entropy_reference,
+)
+from .fused import TritonCrossEntropy, TritonGELU, TritonLayerNorm, TritonLayers, use_triton_kernels
+from .layernorm import (
+    add_layer_norm,
+    add_layer_norm_forward,
+    add_layer_norm_reference,
+    layer_norm,
+    layer_norm_backward,
+    layer_norm_forward,
+    layer_norm_reference,
+)
+from .runtime import check_kernel_inputs, interpreter_mode, triton_status
+from .softmax import softmax, softmax_backward, softmax_forward, softmax_reference
+from .traffic import (
+    achieved_bandwidth,
+    add_layer_norm_bytes,
+    add_layer_norm_unfused_bytes,
+    bandwidth_fraction,
+    bias_gelu_bytes,
+    bias_gelu_unfused_bytes,
+    cross_entropy_bytes,
+    cross_entropy_unfused_bytes,
+    layer_norm_bytes,
+    softmax_bytes,
+)
+
+__all__ = [
+    # kernels
+    "bias_gelu",
+    "layer_norm",
+    "add_layer_norm",
+    "softmax",
+    "cross_entropy",
+    # references
+    "bias_gelu_reference",
+    "layer_norm_reference",
+    "add_layer_norm_reference",
+    "softmax_reference",
+    "cross_entropy_reference",
+    # launchers
+    "bias_gelu_forward",
+    "bias_gelu_backward",
+    "layer_norm_forward",
+    "layer_norm_backward",
+    "add_layer_norm_forward",
+    "softmax_forward",
+    "softmax_backward",
+    "cross_entropy_forward",
+    "cross_entropy_backward",
+    # runtime
+    "triton_status",
+    "interpreter_mode",
+    "check_kernel_inputs",
+    # traffic
+    "bias_gelu_bytes",
+    "bias_gelu_unfused_bytes",
+    "layer_norm_bytes",
+    "add_layer_norm_bytes",
+    "add_layer_norm_unfused_bytes",
+    "softmax_bytes",
+    "cross_entropy_bytes",
+    "cross_entropy_unfused_bytes",
+    "achieved_bandwidth",
+    "bandwidth_fraction",
+    # the GPT on these kernels
+    "TritonLayers",
+    "TritonLayerNorm",
+    "TritonGELU",
+    "TritonCrossEntropy",
+    "use_triton_kernels",
+    # torch.compile
+    "compile_model",
+    "measure_compile",
+    "CompileReport",
+    "generated_code",
+    "count_kernels",
+    "count_eager_ops",
+]
