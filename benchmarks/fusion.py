@@ -33,7 +33,7 @@ import torch
 from tutorial_lib import kernels
 from tutorial_lib.config import get_preset
 from tutorial_lib.hardware import default_device
-from tutorial_lib.perf import environment_stamp, markdown_table, results_label, write_results
+from tutorial_lib.perf import environment_stamp, write_and_print
 from tutorial_lib.perf.fusion_bench import op_cases, step_rows, time_ops
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -75,12 +75,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "steps": steps, "cpu_threads": torch.get_num_threads(), "triton": triton_why,
         "timing": "ops: median forward call, no autograd; steps: median Trainer step",
     }  # fmt: skip
-    path = write_results("fusion", rows, args.out, meta, environment=env)
-    print(f"fusion benchmark, preset {preset.name}: {results_label({'environment': env})}")
-    print(env["device_summary"])
-    print(markdown_table(rows))
-    print(f"wrote {path} and {path.with_suffix('.md').name}")
-    return path
+    title = f"fusion benchmark, preset {preset.name}"
+    return write_and_print("fusion", title, rows, args.out, meta, env)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,7 @@ import torch
 
 from tutorial_lib.config import get_preset
 from tutorial_lib.hardware import default_device
-from tutorial_lib.perf import (
-    benchmark_policies,
-    environment_stamp,
-    markdown_table,
-    results_label,
-    write_results,
-)
+from tutorial_lib.perf import benchmark_policies, environment_stamp, write_and_print
 from tutorial_lib.precision import available_policies
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -80,13 +74,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "cpu_threads": torch.get_num_threads(),
         "timing": "median of iters full training steps (AdamW), synthetic tokens",
     }
-    path = write_results("precision", rows, args.out, meta, environment=env)
-    record = {"environment": env}
-    print(f"precision benchmark, preset {preset.name}: {results_label(record)}")
-    print(env["device_summary"])
-    print(markdown_table(rows))
-    print(f"wrote {path} and {path.with_suffix('.md').name}")
-    return path
+    title = f"precision benchmark, preset {preset.name}"
+    return write_and_print("precision", title, rows, args.out, meta, env)
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def _bench(args: argparse.Namespace) -> int:
             "Choose a benchmark: --ladder (the others are scripts: benchmarks/precision.py, "
             "benchmarks/fp8.py, benchmarks/fusion.py)."
         )
-    from .perf import environment_stamp, markdown_table, results_label, write_results
+    from .perf import environment_stamp, write_and_print
     from .perf.ladder import ladder_meta, ladder_rungs, ladder_table, run_ladder
 
     preset = get_preset(args.preset)
@@ -196,11 +196,7 @@ def _bench(args: argparse.Namespace) -> int:
     meta = {**ladder_meta(preset, rows), "fusion": args.fusion,
             "losses": {r["rung"]: r.get("losses") for r in rows}}  # fmt: skip
     table = ladder_table(rows)
-    path = write_results("ladder", table, args.out, meta, environment=env)
-    print(f"ablation ladder, preset {preset.name}: {results_label({'environment': env})}")
-    print(env["device_summary"])
-    print(markdown_table(table))
-    print(f"wrote {path} and {path.with_suffix('.md').name}")
+    write_and_print("ladder", f"ablation ladder, preset {preset.name}", table, args.out, meta, env)
     return 0
 
 

@@ -13,6 +13,7 @@ from .results import (
     load_results,
     markdown_table,
     results_label,
+    write_and_print,
     write_results,
 )
 from .roofline import (
@@ -73,6 +74,7 @@ __all__ = [
     # recorded results
     "environment_stamp",
     "write_results",
+    "write_and_print",
     "load_results",
     "latest_hopper_results",
     "results_label",

@@ -27,6 +27,7 @@ from ..hardware import default_device, describe_device
 __all__ = [
     "environment_stamp",
     "write_results",
+    "write_and_print",
     "load_results",
     "latest_hopper_results",
     "results_label",
@@ -152,6 +153,24 @@ def write_results(
     summary = env.get("device_summary") or env["device"]
     md = f"# {name}\n\n{results_label(record)}\n\n{summary}\n\n{markdown_table(rows)}\n"
     _atomic_write(path.with_suffix(".md"), md)
+    return path
+
+
+def write_and_print(
+    name: str,
+    title: str,
+    rows: list[dict[str, Any]],
+    out_dir: str | Path,
+    meta: dict[str, Any] | None,
+    environment: dict[str, Any],
+) -> Path:
+    """``write_results`` and print what a benchmark's command line shows: the title with where
+    and when it was measured, the device, the table, and the files written."""
+    path = write_results(name, rows, out_dir, meta, environment=environment)
+    print(f"{title}: {results_label({'environment': environment})}")
+    print(environment.get("device_summary") or environment["device"])
+    print(markdown_table(rows))
+    print(f"wrote {path} and {path.with_suffix('.md').name}")
     return path
 
 
