@@ -21,18 +21,23 @@ def _bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.gelu(x + b, approximate="tanh")
 
 
-def test_count_kernels_reads_definitions_and_library_calls() -> None:
+def test_count_kernels_reads_definitions_launches_and_library_calls() -> None:
     code = """
 cpp_fused_add_gelu_0 = async_compile.cpp_pybinding(['float*'], '''...''')
-cpp_fused_add_gelu_0(buf0, buf1)
-extern_kernels.addmm(b, x, w, alpha=1, beta=1, out=buf2)
-extern_kernels.mm(buf2, w2, out=buf3)
+def call(args):
+        assert_size_stride(primals_1, (4, 4), (4, 1), 'torch.ops.aten.mm.default')
+        cpp_fused_add_gelu_0(buf0, buf1)
+        extern_kernels.addmm(b, x, w, alpha=1, beta=1, out=buf2)
+        cpp_fused_add_gelu_0(buf2, buf3)
+        buf4 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)
+        extern_kernels.mm(buf2, w2, out=buf3)
 """
-    assert count_kernels(code) == {"generated": 1, "library": 2}
-    assert count_kernels([code, "def triton_poi_fused_mul_1(in_ptr0, out_ptr0):"]) == {
-        "generated": 2,
-        "library": 2,
-    }
+    assert count_kernels(code) == {"generated": 1, "launches": 2, "library": 3}
+    gpu = """
+triton_poi_fused_mul_1 = async_compile.triton('triton_poi_fused_mul_1', '''...''')
+        triton_poi_fused_mul_1.run(buf0, buf1, 16, stream=stream0)
+"""
+    assert count_kernels([code, gpu]) == {"generated": 2, "launches": 3, "library": 3}
 
 
 def test_eager_counts_two_ops_where_compile_generates_one_kernel() -> None:
@@ -40,8 +45,7 @@ def test_eager_counts_two_ops_where_compile_generates_one_kernel() -> None:
     ops = count_eager_ops(_bias_gelu, x, b)
     assert ops == {"aten.add": 1, "aten.gelu": 1}
     code = generated_code(torch.compile(_bias_gelu, dynamic=False), x, b)
-    assert count_kernels(code)["generated"] == 1  # the add and the GELU in one loop
-    assert count_kernels(code)["library"] == 0
+    assert count_kernels(code) == {"generated": 1, "launches": 1, "library": 0}  # add + GELU
 
 
 def test_eager_op_count_excludes_views() -> None:

@@ -17,6 +17,7 @@ from tutorial_lib.config import PRESETS
 from tutorial_lib.data import TokenData
 from tutorial_lib.perf.ladder import (
     FUSIONS,
+    LADDER_MAX_LR,
     Rung,
     final_loss,
     ladder_rungs,
@@ -62,6 +63,7 @@ def rows(data_factory: Callable[..., TokenData]) -> list[dict]:
 def test_ladder_runs_every_rung_on_the_same_batches(rows: list[dict]) -> None:
     fp32, tf32, fused, te = rows
     assert fp32["steps"] == 4 and len(fp32["losses"]) == 4 and fp32["seq"] == 29
+    assert fp32["lr"] == min(PRESET.lr, LADDER_MAX_LR) == 1e-3  # capped for stable parity
     # On a CPU TF32 is FP32 math: the same batches give the same losses, bit for bit.
     assert tf32["losses"] == fp32["losses"]
     assert "CUDA" in tf32["note"]
@@ -90,7 +92,8 @@ def test_cli_bench_ladder_writes_results(
 ) -> None:
     monkeypatch.setattr("tutorial_lib.config.PRESETS", {**PRESETS, "ci": PRESET})
     code = main(["bench", "--ladder", "--preset", "ci", "--rungs", "1,2,6", "--steps", "2",
-                 "--batch-size", "2", "--out", str(tmp_path), "--no-progress"])  # fmt: skip
+                 "--batch-size", "2", "--lr", "5e-4", "--out", str(tmp_path),
+                 "--no-progress"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
     assert "1 fp32 eager" in out and "2 tf32" in out and "skipped" in out
@@ -98,6 +101,7 @@ def test_cli_bench_ladder_writes_results(
     record = json.loads(path.read_text())
     assert [r["rung"] for r in record["rows"]] == ["1 fp32 eager", "2 tf32", "6 TE fused fp8"]
     assert len(record["meta"]["losses"]["1 fp32 eager"]) == 2
+    assert record["meta"]["lr"] == 5e-4
     assert record["environment"]["preset"] == "ci"
 
 

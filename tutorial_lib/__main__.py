@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rungs", help="comma-separated rung numbers to run (default: all)")
     bench.add_argument("--steps", type=_positive_int, help="steps per rung (default: preset)")
     bench.add_argument("--batch-size", type=_positive_int, help="sequences per step")
+    bench.add_argument("--lr", type=float, help="learning rate (default: min(preset, 1e-3))")
     bench.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     bench.add_argument("--out", type=Path, default=Path(DEFAULT_DIR), help="results folder")
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -189,7 +190,7 @@ def _bench(args: argparse.Namespace) -> int:
         rungs = [rungs[n - 1] for n in _rung_numbers(args.rungs, len(rungs))]
     device = torch.device(args.device) if args.device else default_device()
     rows = run_ladder(
-        preset, device, rungs, steps=args.steps, batch=args.batch_size,
+        preset, device, rungs, steps=args.steps, batch=args.batch_size, lr=args.lr,
         progress=not args.no_progress,
     )  # fmt: skip
     env = {**environment_stamp(device), "preset": preset.name}

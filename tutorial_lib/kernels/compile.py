@@ -60,8 +60,9 @@ class CompileReport:
     steady_s: median wall time of the calls after it; ``compile_s`` is the difference.
     graphs: FX graphs Dynamo captured (1 means the whole function became one graph).
     graph_breaks: how many times Dynamo fell back to Python; ``break_reasons`` says why.
-    generated_kernels: kernels Inductor generated (Triton on GPU, C++ on CPU); None if the
-        counter is unavailable.
+    generated_kernels: Inductor's own counter of kernels it generated (Triton on GPU; on CPU it
+        counts C++ loop nests, more than the C++ functions ``count_kernels`` finds); None if
+        the counter is unavailable.
     """
 
     first_call_s: float
@@ -167,19 +168,30 @@ def generated_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[st
     return list(code)
 
 
-# A generated kernel is defined once and launched from the graph's ``call`` function:
-# Triton kernels as ``triton_<kind>_fused_...``, C++ kernels as ``cpp_fused_...``.
-_KERNEL_DEF = re.compile(r"\b(?:def |async_compile\.\w+\(\s*')?(triton_\w+|cpp_fused_\w+)")
-_EXTERN = re.compile(r"\bextern_kernels\.(\w+)\(|\btorch\.ops\.aten\.(\w+)")
+# Inductor defines each generated kernel once (``cpp_fused_gelu_0 = async_compile.cpp_pybinding(
+# ...)``, ``triton_poi_fused_gelu_0 = async_compile.triton(...)``) and launches it from the graph's
+# ``call`` function, once per use (``cpp_fused_gelu_0(buf0, buf1)``,
+# ``triton_poi_fused_gelu_0.run(...)``); library kernels are calls to ``extern_kernels.mm(...)``
+# or ``torch.ops.aten.<op>(...)``. Only statements that *start* with a call count, so op names
+# quoted in ``assert_size_stride(..., 'torch.ops.aten.mm.default')`` do not.
+_KERNEL_DEF = re.compile(r"^\s*(triton_\w+|cpp_fused_\w+)\s*=\s*async_compile\.", re.M)
+_KERNEL_LAUNCH = re.compile(r"^\s*(triton_\w+|cpp_fused_\w+)(?:\.run)?\(", re.M)
+_LIBRARY_CALL = re.compile(
+    r"^\s*(?:[\w, ]+=\s*)?(?:extern_kernels\.\w+|torch\.ops\.aten\.[\w.]+)\(", re.M
+)
 
 
 def count_kernels(code: str | list[str]) -> dict[str, int]:
-    """Kernels the generated code runs: ``generated`` (Inductor's own fused kernels, distinct
-    names) and ``library`` (calls to library kernels: matmuls, attention, ...)."""
+    """Kernels in Inductor's generated code: ``generated`` (distinct fused kernels it wrote),
+    ``launches`` (how often they are launched: a kernel shared by identical layers counts once
+    per layer) and ``library`` (calls to library kernels: matmuls, attention, ...).
+
+    ``launches + library`` is comparable to ``count_eager_ops``' total for the same work."""
     text = code if isinstance(code, str) else "\n".join(code)
     generated = {m.group(1) for m in _KERNEL_DEF.finditer(text)}
-    library = sum(1 for _ in _EXTERN.finditer(text))
-    return {"generated": len(generated), "library": library}
+    launches = sum(1 for m in _KERNEL_LAUNCH.finditer(text) if m.group(1) in generated)
+    library = sum(1 for _ in _LIBRARY_CALL.finditer(text))
+    return {"generated": len(generated), "launches": launches, "library": library}
 
 
 class _OpCounter(TorchDispatchMode):
@@ -199,7 +211,8 @@ def count_eager_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Counte
 
     Each is one kernel launch (on the CPU, one pass of a library routine) that reads its inputs
     and writes its output: the round trips fusion removes. Includes backward ops if ``fn`` calls
-    ``backward()``.
+    ``backward()``; zero the gradients first (``set_to_none``), or the count includes the
+    ``aten.add_`` calls that accumulate into existing ``.grad`` tensors.
     """
     counter = _OpCounter()
     with counter:

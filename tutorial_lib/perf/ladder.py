@@ -33,10 +33,16 @@ from ..model import GPT
 from ..precision import get_policy
 from ..viz import label_hardware
 
-__all__ = ["FUSIONS", "Rung", "ladder_rungs", "run_rung", "run_ladder", "ladder_table",
+__all__ = ["FUSIONS", "LADDER_MAX_LR", "Rung", "ladder_rungs", "run_rung", "run_ladder", "ladder_table",
            "plot_ladder", "plot_ladder_losses", "ladder_meta", "final_loss"]  # fmt: skip
 
 FUSIONS = ("compile", "triton", "both")
+
+# The ladder trains at min(preset.lr, LADDER_MAX_LR). Speed does not depend on the learning rate,
+# but the loss comparison needs stable training: at the ci preset's 3e-3 (30 steps, batch 4) the
+# final-loss gap between rungs reached 0.15 nats for one seed in four, from loss spikes; at 1e-3
+# seeds 0-3 all stayed below 0.003 (chapter 3's parity run uses the same cap).
+LADDER_MAX_LR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -82,10 +88,12 @@ def run_rung(
     device: torch.device,
     seed: int = 0,
     start: dict[str, torch.Tensor] | None = None,
+    lr: float | None = None,
 ) -> dict[str, Any]:
     """Train one rung for ``steps`` steps; its row (or the reason it was skipped).
 
-    ``start`` is a ``data.state_dict()`` to rewind the sampler to first."""
+    ``start`` is a ``data.state_dict()`` to rewind the sampler to first; ``lr`` defaults to the
+    preset's."""
     from ..train import TrainConfig, Trainer  # train imports perf: import here, not at the top
 
     row: dict[str, Any] = {"rung": rung.name, "precision": rung.precision, "fused": rung.fused,
@@ -95,7 +103,8 @@ def run_rung(
     except (RuntimeError, KeyError) as exc:
         return {**row, "skipped": str(exc).strip("'\"")}
     cfg = TrainConfig(
-        steps=steps, batch_size=batch, lr=preset.lr, warmup_steps=min(preset.warmup_steps, steps),
+        steps=steps, batch_size=batch, lr=lr or preset.lr,
+        warmup_steps=min(preset.warmup_steps, steps),
         eval_every=0, precision=rung.precision, fused=rung.fused, compile=rung.compile,
         seed=seed, progress=False,
     )  # fmt: skip
@@ -115,7 +124,7 @@ def run_rung(
     mfus = [r["mfu"] for r in timed if r["mfu"] is not None]
     tokens = batch * data.block_size
     row.update(
-        steps=steps, batch=batch, seq=data.block_size, step_time_ms=1e3 * step_s,
+        steps=steps, batch=batch, seq=data.block_size, lr=cfg.lr, step_time_ms=1e3 * step_s,
         tokens_per_s=tokens / step_s, mfu=_median(mfus) if mfus else None,  # type: ignore[arg-type]
         peak_mem_bytes=max(float(r["peak_mem_bytes"]) for r in history),  # type: ignore[arg-type]
         first_step_s=float(history[0]["step_time_s"]),  # type: ignore[arg-type]
@@ -132,17 +141,16 @@ def _device_note(rung: Rung, device: torch.device) -> str | None:
     """Say when a rung cannot show its effect on this device, so nobody reads too much into it."""
     if device.type != "cpu":
         return None
-    notes = {
-        "tf32": "TF32 is a CUDA tensor-core mode: FP32 math on a CPU",
-        "fp8": "FP8 GEMMs emulated in FP32 on a CPU: exact, slow",
-    }
-    if rung.precision in notes:
-        return notes[rung.precision]
+    notes = []
+    if rung.precision == "tf32":
+        notes.append("TF32 is a CUDA tensor-core mode: FP32 math on a CPU")
+    if rung.precision == "fp8":
+        notes.append("FP8 GEMMs emulated in FP32 on a CPU: exact, slow")
     if rung.precision == "bf16" and not describe_device(device).bf16_supported:
-        return "no BF16 matrix units on this CPU: emulated, slow"
+        notes.append("no BF16 matrix units on this CPU: emulated, slow")
     if rung.fused:
-        return "Triton kernels run in the interpreter on a CPU: slow"
-    return None
+        notes.append("Triton kernels run in the interpreter on a CPU: slow")
+    return "; ".join(notes) or None
 
 
 def final_loss(losses: Sequence[float]) -> float:
@@ -161,10 +169,12 @@ def run_ladder(
     data: TokenData | None = None,
     seed: int = 0,
     progress: bool = True,
+    lr: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run every rung (default ``ladder_rungs()``) at the preset's comparison size.
 
-    ``steps`` defaults to the preset's ``parity_steps`` and ``batch`` to ``parity_batch_size``;
+    ``steps`` defaults to the preset's ``parity_steps``, ``batch`` to ``parity_batch_size`` and
+    ``lr`` to ``min(preset.lr, LADDER_MAX_LR)``;
     the first ``bench_warmup`` steps (at least 1, which holds any compilation) are left out of
     the timing. Rows are in rung order; skipped rungs carry ``skipped`` with the reason.
     """
@@ -172,6 +182,7 @@ def run_ladder(
     rungs = list(rungs) if rungs is not None else ladder_rungs()
     steps = steps or preset.parity_steps
     batch = batch or preset.parity_batch_size
+    lr = lr or min(preset.lr, LADDER_MAX_LR)
     warmup = min(max(1, preset.bench_warmup), steps - 1) if steps > 1 else 0
     cfg = preset.model_config()
     data = data or make_data(cfg.block_size, seed=seed)
@@ -180,7 +191,7 @@ def run_ladder(
     bar = tqdm(rungs, desc="ladder", unit="rung", disable=not progress, dynamic_ncols=True)
     for rung in bar:
         bar.set_postfix_str(rung.name)
-        rows.append(run_rung(rung, preset, data, steps, batch, warmup, dev, seed, start))
+        rows.append(run_rung(rung, preset, data, steps, batch, warmup, dev, seed, start, lr))
     bar.close()
     return rows
 
@@ -210,23 +221,33 @@ def ladder_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
-def plot_ladder(rows: Sequence[dict[str, Any]], hardware: str | None = None) -> Figure:
-    """Bars of tokens/s, MFU and peak memory per rung (skipped rungs show their gap, labelled)."""
+def plot_ladder(
+    rows: Sequence[dict[str, Any]], hardware: str | None = None, title: str | None = None
+) -> Figure:
+    """Bars of tokens/s, MFU and peak memory per rung (skipped rungs show their gap, labelled).
+
+    Without a datasheet peak (a CPU) every MFU is ``n/a`` and the panel keeps a 0-100 % axis."""
     names = [r["rung"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), sharey=True)
-    panels = [("tokens_per_s", "tokens / s", 1.0), ("mfu", "MFU (%)", 100.0),
-              ("peak_mem_bytes", "peak memory (MiB)", 1 / 2**20)]  # fmt: skip
+    panels = [("tokens_per_s", "tokens / s", "tokens / s", 1.0),
+              ("mfu", "MFU", "% of the datasheet peak", 100.0),
+              ("peak_mem_bytes", "peak memory", "MiB", 1 / 2**20)]  # fmt: skip
     y = list(range(len(rows)))
-    for ax, (key, title, scale) in zip(axes, panels, strict=True):
+    for ax, (key, panel_title, unit, scale) in zip(axes, panels, strict=True):
         values = [None if "skipped" in r or r.get(key) is None else r[key] * scale for r in rows]
         ax.barh(y, [v or 0.0 for v in values], color=[f"C{i % 7}" for i in y])
         for i, v in zip(y, values, strict=True):
             text = "skipped" if "skipped" in rows[i] else ("n/a" if v is None else f"{v:,.3g}")
             ax.annotate(f" {text}", (v or 0.0, i), va="center", fontsize=8)
-        ax.set_title(title)
-        ax.set_xmargin(0.25)
+        ax.set(title=panel_title, xlabel=unit)
+        if all(v is None for v in values):
+            ax.set_xlim(0, 100 if key == "mfu" else 1)
+        else:
+            ax.set_xmargin(0.25)
     axes[0].set_yticks(y, names)
     axes[0].invert_yaxis()
+    if title:
+        fig.suptitle(title)
     if hardware:
         label_hardware(axes[-1], hardware)
     fig.tight_layout()
@@ -260,6 +281,7 @@ def ladder_meta(preset: RunPreset, rows: Sequence[dict[str, Any]]) -> dict[str, 
         "model_config": dataclasses.asdict(preset.model_config()),
         "steps": first.get("steps"),
         "batch": first.get("batch"),
+        "lr": first.get("lr"),
         "cpu_threads": torch.get_num_threads(),
         "timing": "median Trainer step (AdamW, clipping) after the warm-up steps, real data",
     }
