@@ -1,0 +1,121 @@
+"""What tensor parallelism costs in communication, and when the links can keep up.
+
+Megatron-style TP (Shoeybi et al. 2019; Narayanan et al. 2021, arXiv 2104.04473) runs, per
+transformer layer and micro-batch, two all-reduces of the (b, s, h) activations in the forward
+pass (after the attention and after the MLP, ``g``) and two in the backward pass (``f``'s
+gradients). A ring all-reduce of S bytes over t ranks sends and receives ``2 S (t - 1) / t``
+bytes per rank, so per layer and rank the traffic is ``4 * 2 * b s h (t - 1) / t`` elements,
+the ``8 b s h (t - 1) / t`` of Narayanan et al. With sequence parallelism (Korthikanti et al.
+2022, arXiv 2205.05198) each all-reduce becomes a reduce-scatter plus an all-gather: the same
+bytes, but LayerNorm and dropout work on 1/t of the sequence.
+
+The compute of a layer is ``24 b s h^2`` FLOPs forward (QKV, projection and MLP GEMMs, without
+attention scores) and twice that backward; TP divides it by t. So the ratio of FLOPs to network
+bytes, the layer's *network intensity*, is ``72 b s h^2 / t`` over ``8 b s h (t-1)/t * bytes``
+= ``9 h / ((t - 1) * bytes)``: it grows with the width and falls with the degree. Compare it
+with the *ridge* ``peak FLOP/s / link bytes/s`` of a roofline whose roof is the link instead of
+HBM: above the ridge the GEMMs can hide the communication, below it the link is the bottleneck.
+
+All functions are models from datasheet numbers: a measurement would add latency, imperfect
+overlap and the all-reduce algorithm NCCL actually picks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import SPECS, DeviceSpec
+
+__all__ = [
+    "Link",
+    "LINKS",
+    "ring_allreduce_bytes",
+    "ring_allreduce_time",
+    "tp_layer_comm_bytes",
+    "tp_layer_flops",
+    "tp_network_intensity",
+    "link_ridge",
+    "tp_layer_times",
+]
+
+
+@dataclass(frozen=True)
+class Link:
+    """One interconnect: bytes/s per GPU in one direction, and where the number comes from."""
+
+    name: str
+    bandwidth: float
+    source: str
+
+
+LINKS: dict[str, Link] = {
+    "NVLink 4 (H100/H200 SXM)": Link(
+        "NVLink 4 (H100/H200 SXM)",
+        SPECS["H100 SXM"].nvlink_bandwidth or 0.0,
+        "H100 datasheet: 900 GB/s bidirectional NVLink per GPU",
+    ),
+    "InfiniBand NDR (one 400 Gb/s port per GPU)": Link(
+        "InfiniBand NDR (one 400 Gb/s port per GPU)",
+        400e9 / 8,
+        "DGX H100 datasheet: eight ConnectX-7 400 Gb/s ports for eight GPUs",
+    ),
+}
+
+
+def ring_allreduce_bytes(nbytes: float, ranks: int) -> float:
+    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``: 2 S (t-1)/t."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}.")
+    return 2.0 * nbytes * (ranks - 1) / ranks
+
+
+def ring_allreduce_time(nbytes: float, ranks: int, bandwidth: float) -> float:
+    """Seconds for a bandwidth-bound ring all-reduce (no latency term)."""
+    return ring_allreduce_bytes(nbytes, ranks) / bandwidth
+
+
+def tp_layer_comm_bytes(
+    batch: int, seq: int, hidden: int, tp: int, dtype_bytes: int = 2, backward: bool = True
+) -> float:
+    """Bytes one TP rank sends per transformer layer: two all-reduces of the (b, s, h)
+    activations forward, two more backward (``backward=False``: forward only)."""
+    activation = batch * seq * hidden * dtype_bytes
+    count = 4 if backward else 2
+    return count * ring_allreduce_bytes(activation, tp)
+
+
+def tp_layer_flops(batch: int, seq: int, hidden: int, tp: int, backward: bool = True) -> float:
+    """GEMM FLOPs one TP rank does per layer: 24 b s h^2 forward (x3 with backward), / t."""
+    forward = 24.0 * batch * seq * hidden**2
+    return (3.0 if backward else 1.0) * forward / tp
+
+
+def tp_network_intensity(hidden: int, tp: int, dtype_bytes: int = 2) -> float:
+    """FLOPs per network byte of a TP layer (forward + backward): 9 h / ((t - 1) bytes).
+    Infinite at t = 1, where nothing is communicated."""
+    if tp <= 1:
+        return float("inf")
+    return 9.0 * hidden / ((tp - 1) * dtype_bytes)
+
+
+def link_ridge(spec: DeviceSpec, link: Link, dtype: str = "bf16") -> float:
+    """FLOPs per byte at which the GPU's peak and the link's bandwidth take equal time."""
+    peak = spec.peak(dtype)
+    if peak is None:
+        raise ValueError(f"{spec.name} has no {dtype} peak in the spec table.")
+    return peak / link.bandwidth
+
+
+def tp_layer_times(
+    batch: int, seq: int, hidden: int, tp: int, spec: DeviceSpec, link: Link,
+    dtype: str = "bf16", dtype_bytes: int = 2,
+) -> dict[str, float]:  # fmt: skip
+    """Per layer and rank, forward + backward, at datasheet speed: ``compute_s`` (GEMMs at peak),
+    ``comm_s`` (the four all-reduces on ``link``) and ``exposed_fraction``, the share of the
+    step the link would add if nothing overlapped (comm / (compute + comm))."""
+    peak = spec.peak(dtype)
+    if peak is None:
+        raise ValueError(f"{spec.name} has no {dtype} peak in the spec table.")
+    compute = tp_layer_flops(batch, seq, hidden, tp) / peak
+    comm = tp_layer_comm_bytes(batch, seq, hidden, tp, dtype_bytes) / link.bandwidth
+    return {"compute_s": compute, "comm_s": comm, "exposed_fraction": comm / (compute + comm)}
