@@ -1,0 +1,401 @@
+"""GPU failures over time: a failure model from the Llama 3 run, seeded Monte Carlo traces, and
+what random failures do to data-parallel replicas.
+
+- ``FailureModel`` (with ``Recovery``): how often a GPU fails (per GPU-hour), which share of
+  failures are hardware, and how long each kind keeps its GPU down. ``FailureModel.llama3()``
+  derives the rate from the Llama 3 405B pre-training run and the recovery times from the NTP
+  paper's simulation.
+- ``simulate_trace`` -> ``FailureTrace``: which GPUs are down when, stored as one event per
+  failure (GPU, start, end); ``down_counts``, ``failed_fraction``, ``down_at``.
+  ``fraction_of_time_above``: the share of a trace with more than a given fraction failed.
+- ``random_failures``: a given fraction of GPUs failed, uniformly at random.
+- ``failed_per_domain``, ``failed_per_replica``, ``replica_availability`` and
+  ``expected_replica_availability``: how failures land on scale-up domains and on replicas.
+
+Sources: "The Llama 3 Herd of Models" (arXiv 2407.21783), section 3.3.4 "Reliability and
+Operational Challenges" and its Table 5; "Nonuniform-Tensor-Parallelism" (Arfeen et al., arXiv
+2504.06095), the failure simulation behind its Figure 4 and the availability curves of Figure 3.
+Times are in hours throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+__all__ = ["Recovery", "FailureModel", "FailureTrace", "simulate_trace", "fraction_of_time_above",
+           "random_failures", "failed_per_domain", "failed_per_replica", "replica_availability",
+           "expected_replica_availability", "RECOVERY_DISTS", "LLAMA3_INTERRUPTIONS",
+           "LLAMA3_DAYS", "LLAMA3_GPUS", "LLAMA3_HARDWARE_FRACTION",
+           "LLAMA3_RATE_PER_GPU_HOUR"]  # fmt: skip
+
+# Llama 3 405B pre-training (arXiv 2407.21783, section 3.3.4, Table 5): in a 54-day snapshot on
+# 16,384 H100s there were 466 job interruptions, 47 planned and 419 unexpected; about 78% of the
+# unexpected ones were attributed to confirmed or suspected hardware issues.
+LLAMA3_INTERRUPTIONS = 419
+LLAMA3_DAYS = 54
+LLAMA3_GPUS = 16_384
+LLAMA3_HARDWARE_FRACTION = 0.78
+LLAMA3_RATE_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)  # ~1.97e-5
+
+RECOVERY_DISTS = ("fixed", "exponential", "lognormal")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive, finite number of hours, got {value!r}.")
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:  # also rejects NaN
+        raise ValueError(f"{name} must lie in [0, 1], got {value!r}.")
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How long a failure keeps its GPU down: a distribution with a given mean.
+
+    mean_hours: the mean time from failure to the GPU being back (repair, replacement, restart).
+    dist: ``"fixed"`` (every recovery takes exactly the mean), ``"exponential"`` or
+        ``"lognormal"`` (log of the time ~ Normal(mu, sigma), mu chosen so the mean is right).
+    sigma: the lognormal's shape (standard deviation of the log); unused by the others.
+    """
+
+    mean_hours: float
+    dist: str = "fixed"
+    sigma: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_positive("Recovery.mean_hours", self.mean_hours)
+        if self.dist not in RECOVERY_DISTS:
+            raise ValueError(f"Recovery.dist must be one of {RECOVERY_DISTS}, got {self.dist!r}.")
+        if not (math.isfinite(self.sigma) and self.sigma > 0):
+            raise ValueError(f"Recovery.sigma must be positive and finite, got {self.sigma!r}.")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` recovery times in hours, float64."""
+        if self.dist == "fixed":
+            return np.full(n, self.mean_hours)
+        if self.dist == "exponential":
+            return rng.exponential(self.mean_hours, n)
+        mu = math.log(self.mean_hours) - self.sigma**2 / 2  # E[exp(N(mu, s^2))] = exp(mu + s^2/2)
+        return rng.lognormal(mu, self.sigma, n)
+
+
+@dataclass(frozen=True)
+class FailureModel:
+    """Independent GPU failures at a constant rate, each hardware or software, each followed by
+    a recovery during which that GPU is down (and cannot fail again).
+
+    Rate
+        rate_per_gpu_hour: failures per GPU-hour while the GPU is up, all causes together.
+        hardware_fraction: the share of failures that are hardware; the rest are software.
+    Recovery
+        hardware: recovery-time distribution of hardware failures (days: repair or replacement).
+        software: recovery-time distribution of software failures (hours: restart).
+
+    The defaults are ``FailureModel.llama3()``'s.
+    """
+
+    rate_per_gpu_hour: float = LLAMA3_RATE_PER_GPU_HOUR
+    hardware_fraction: float = LLAMA3_HARDWARE_FRACTION
+    hardware: Recovery = field(default_factory=lambda: Recovery(5 * 24.0))
+    software: Recovery = field(default_factory=lambda: Recovery(3.0))
+
+    def __post_init__(self) -> None:
+        rate = self.rate_per_gpu_hour
+        if not (math.isfinite(rate) and rate >= 0):
+            raise ValueError(f"rate_per_gpu_hour must be >= 0 and finite, got {rate!r}.")
+        _check_fraction("hardware_fraction", self.hardware_fraction)
+        for name in ("hardware", "software"):
+            if not isinstance(getattr(self, name), Recovery):
+                raise TypeError(f"FailureModel.{name} must be a Recovery.")
+
+    @classmethod
+    def llama3(
+        cls,
+        hardware_days: float = 5.0,
+        software_hours: float = 3.0,
+        dist: str = "fixed",
+        rate_scale: float = 1.0,
+    ) -> FailureModel:
+        """The failure rate of the Llama 3 405B run, with the NTP paper's recovery times.
+
+        Rate: 419 unexpected interruptions in 54 days on 16,384 H100 GPUs (Llama 3 paper,
+        section 3.3.4), counted as one failed GPU each:
+        ``rate = 419 / (54 * 24 * 16384) = 419 / 21,233,664 ~ 1.97e-5`` per GPU-hour, i.e. a
+        mean time between failures of ~50,700 hours (~5.8 years) per GPU, or one failure every
+        ~3.1 hours on the whole 16,384-GPU cluster. Split: ``hardware_fraction = 0.78`` (the
+        paper attributes about 78% of the unexpected interruptions to hardware), 0.22 software.
+
+        Recovery: the NTP paper (arXiv 2504.06095, Figure 4) simulates Llama 3's rates with
+        hardware failures recovering after 3 or 5 days (which the authors think may be
+        optimistic for a hardware replacement) and software failures after 3 hours, and finds
+        more than 0.1% of the GPUs down 81% of the time over a 15-day trace. With 5 days and
+        all GPUs healthy at the start, 32,768 GPUs give ~82% on average over seeds (3 days:
+        ~64%), so 5 days is the default. ``dist="fixed"`` takes the recovery times as exact
+        durations; ``"exponential"`` or ``"lognormal"`` keep the means and add spread.
+        ``rate_scale`` multiplies the rate (the NTP paper also considers a 3x higher rate).
+        """
+        if not (math.isfinite(rate_scale) and rate_scale >= 0):
+            raise ValueError(f"rate_scale must be >= 0 and finite, got {rate_scale!r}.")
+        return cls(
+            rate_per_gpu_hour=LLAMA3_RATE_PER_GPU_HOUR * rate_scale,
+            hardware_fraction=LLAMA3_HARDWARE_FRACTION,
+            hardware=Recovery(hardware_days * 24.0, dist),
+            software=Recovery(software_hours, dist),
+        )
+
+    @property
+    def mean_recovery_hours(self) -> float:
+        """Mean time a failure keeps its GPU down, over both causes."""
+        hf = self.hardware_fraction
+        return hf * self.hardware.mean_hours + (1 - hf) * self.software.mean_hours
+
+    def expected_down_fraction(self) -> float:
+        """Long-run share of time a GPU is down: each GPU alternates Exp(rate) up-times with
+        recoveries, so it is ``rate * R / (1 + rate * R)`` with R the mean recovery."""
+        load = self.rate_per_gpu_hour * self.mean_recovery_hours
+        return load / (1 + load)
+
+    def expected_failures(self, n_gpus: int, hours: float) -> float:
+        """Expected failures on ``n_gpus`` GPUs in ``hours`` in the long run (a GPU that is
+        down cannot fail, which lowers the rate by the factor ``1 - expected_down_fraction``)."""
+        return n_gpus * hours * self.rate_per_gpu_hour * (1 - self.expected_down_fraction())
+
+
+@dataclass(frozen=True, eq=False)
+class FailureTrace:
+    """Failures of ``n_gpus`` GPUs over ``[0, hours]``, one entry per failure, sorted by start.
+
+    gpu: (F,) int64 GPU index. start, end: (F,) float64 hours; GPU ``gpu[i]`` is down on
+    ``[start[i], end[i])``. A start is negative for a failure that began during the burn-in; an
+    end may lie past ``hours``. hardware: (F,) bool, the failure's cause.
+    step_hours: spacing of ``times``, the default grid of ``down_counts``/``failed_fraction``.
+    """
+
+    n_gpus: int
+    hours: float
+    step_hours: float
+    gpu: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    hardware: np.ndarray
+
+    @property
+    def n_failures(self) -> int:
+        return len(self.gpu)
+
+    @property
+    def recovery_hours(self) -> np.ndarray:
+        return self.end - self.start
+
+    @property
+    def times(self) -> np.ndarray:
+        """The grid 0, step, 2 step, ... up to ``hours``, in hours."""
+        return np.arange(math.floor(self.hours / self.step_hours + 1e-9) + 1) * self.step_hours
+
+    @cached_property
+    def _sorted_ends(self) -> np.ndarray:
+        return np.sort(self.end)
+
+    def down_counts(self, times: np.ndarray | None = None) -> np.ndarray:
+        """Number of GPUs down at each time (default ``self.times``): started and not ended."""
+        t = self.times if times is None else np.asarray(times, dtype=np.float64)
+        started = np.searchsorted(self.start, t, side="right")
+        ended = np.searchsorted(self._sorted_ends, t, side="right")
+        return (started - ended).astype(np.int64)
+
+    def failed_fraction(self, times: np.ndarray | None = None) -> np.ndarray:
+        """Fraction of the GPUs down at each time (default ``self.times``)."""
+        return self.down_counts(times) / self.n_gpus
+
+    def down_at(self, t: float) -> np.ndarray:
+        """(n_gpus,) bool: which GPUs are down at time ``t``."""
+        mask = np.zeros(self.n_gpus, dtype=bool)
+        active = (self.start <= t) & (t < self.end)
+        mask[self.gpu[active]] = True
+        return mask
+
+    def failed_indices(self, t: float) -> np.ndarray:
+        """Sorted indices of the GPUs down at time ``t`` (input for ``failed_per_domain``)."""
+        return np.flatnonzero(self.down_at(t))
+
+
+def _drop_while_down(gpu: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Keep-mask over failures sorted by (gpu, start): a failure arriving while its GPU is
+    still down from a kept earlier failure is dropped. By memorylessness this turns Poisson
+    arrivals into exact Exp(rate) up-times. Loops over the rank of a failure within its GPU
+    (rarely more than 2 or 3), vectorised over GPUs."""
+    n = len(gpu)
+    first = np.ones(n, dtype=bool)
+    first[1:] = gpu[1:] != gpu[:-1]
+    group = np.cumsum(first) - 1
+    rank = np.arange(n) - np.flatnonzero(first)[group]
+    keep = np.zeros(n, dtype=bool)
+    last_end = np.full(int(group[-1]) + 1 if n else 0, -np.inf)
+    for r in range(int(rank.max()) + 1 if n else 0):
+        idx = np.flatnonzero(rank == r)
+        ok = start[idx] >= last_end[group[idx]]
+        keep[idx[ok]] = True
+        last_end[group[idx[ok]]] = end[idx[ok]]
+    return keep
+
+
+def simulate_trace(
+    model: FailureModel,
+    n_gpus: int,
+    days: float,
+    step_hours: float = 1.0,
+    seed: int = 0,
+    burn_in_days: float = 0.0,
+) -> FailureTrace:
+    """A seeded Monte Carlo trace of ``n_gpus`` GPUs over ``days`` days.
+
+    Failure arrivals on the whole cluster are one Poisson process (rate ``n_gpus * rate``),
+    each at a uniformly random GPU and time; a failure is hardware with probability
+    ``hardware_fraction`` and draws its recovery time from that cause's distribution; arrivals
+    at a GPU that is already down are dropped. No loop over GPUs: the work grows with the
+    number of failures, not of GPUs.
+
+    burn_in_days: simulate this long before time 0, so that the trace starts with the GPUs
+    that would be down in a cluster already running (default 0: all GPUs start healthy).
+    """
+    if isinstance(n_gpus, bool) or int(n_gpus) != n_gpus or n_gpus < 1:
+        raise ValueError(f"n_gpus must be a positive integer, got {n_gpus!r}.")
+    _check_positive("days", days)
+    _check_positive("step_hours", step_hours)
+    if not (math.isfinite(burn_in_days) and burn_in_days >= 0):
+        raise ValueError(f"burn_in_days must be >= 0 and finite, got {burn_in_days!r}.")
+    n_gpus, hours, t0 = int(n_gpus), days * 24.0, -burn_in_days * 24.0
+    rng = np.random.default_rng(seed)
+    n = rng.poisson(model.rate_per_gpu_hour * n_gpus * (hours - t0))
+    gpu = rng.integers(0, n_gpus, n, dtype=np.int64)
+    start = t0 + rng.random(n) * (hours - t0)
+    hardware = rng.random(n) < model.hardware_fraction
+    duration = np.empty(n)
+    duration[hardware] = model.hardware.sample(rng, int(hardware.sum()))
+    duration[~hardware] = model.software.sample(rng, int(n - hardware.sum()))
+    end = start + duration
+
+    order = np.lexsort((start, gpu))
+    gpu, start, end, hardware = gpu[order], start[order], end[order], hardware[order]
+    keep = _drop_while_down(gpu, start, end) & (end > 0)  # burn-in failures over before 0 go
+    order = np.argsort(start[keep], kind="stable")
+    return FailureTrace(
+        n_gpus=n_gpus, hours=hours, step_hours=float(step_hours), gpu=gpu[keep][order],
+        start=start[keep][order], end=end[keep][order], hardware=hardware[keep][order],
+    )  # fmt: skip
+
+
+def fraction_of_time_above(trace: FailureTrace, threshold: float) -> float:
+    """Share of ``[0, trace.hours]`` during which more than ``threshold`` of the GPUs are down
+    (strictly more; e.g. 0.001 for the NTP paper's "> 0.1% failed"). Exact: the count of down
+    GPUs is constant between failure starts and ends, so no time grid is involved."""
+    _check_fraction("threshold", threshold)
+    edges = np.concatenate(([0.0, trace.hours], trace.start, trace.end))
+    edges = np.unique(np.clip(edges, 0.0, trace.hours))
+    above = trace.down_counts(edges[:-1]) > threshold * trace.n_gpus
+    return float(np.diff(edges)[above].sum() / trace.hours)
+
+
+def random_failures(n_gpus: int, fraction: float, seed: int = 0) -> np.ndarray:
+    """Sorted indices of ``round(fraction * n_gpus)`` distinct GPUs, chosen uniformly at random
+    (Python's ``round``: halves go to the even integer)."""
+    if isinstance(n_gpus, bool) or int(n_gpus) != n_gpus or n_gpus < 1:
+        raise ValueError(f"n_gpus must be a positive integer, got {n_gpus!r}.")
+    _check_fraction("fraction", fraction)
+    count = round(fraction * n_gpus)
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(int(n_gpus), size=count, replace=False)).astype(np.int64)
+
+
+def _failed_indices(failed: np.ndarray, n_gpus: int) -> np.ndarray:
+    """Failed GPU indices from indices or an (n_gpus,) bool mask; checks range and duplicates."""
+    failed = np.asarray(failed)
+    if failed.dtype == bool:
+        if failed.shape != (n_gpus,):
+            raise ValueError(f"a failure mask must have shape ({n_gpus},), got {failed.shape}.")
+        return np.flatnonzero(failed)
+    if failed.size and not np.issubdtype(failed.dtype, np.integer):
+        raise TypeError(f"failed GPU indices must be integers, got dtype {failed.dtype}.")
+    failed = failed.astype(np.int64).ravel()
+    if failed.size and (failed.min() < 0 or failed.max() >= n_gpus):
+        raise ValueError(f"failed GPU indices must lie in [0, {n_gpus}).")
+    if len(np.unique(failed)) != len(failed):
+        raise ValueError("failed GPU indices contain duplicates; a GPU fails only once.")
+    return failed
+
+
+def _check_domains(n_gpus: int, domain_size: int) -> int:
+    if domain_size < 1 or n_gpus < 1 or n_gpus % domain_size:
+        raise ValueError(f"n_gpus ({n_gpus}) must be a positive multiple of domain_size "
+                         f"({domain_size}).")  # fmt: skip
+    return n_gpus // domain_size
+
+
+def failed_per_domain(failed: np.ndarray, n_gpus: int, domain_size: int) -> np.ndarray:
+    """(n_gpus // domain_size,) int64: failed GPUs in each scale-up domain (domain d holds GPUs
+    ``d * domain_size`` to ``(d + 1) * domain_size - 1``). ``failed``: indices or a bool mask."""
+    n_domains = _check_domains(n_gpus, domain_size)
+    idx = _failed_indices(failed, n_gpus)
+    return np.bincount(idx // domain_size, minlength=n_domains).astype(np.int64)
+
+
+def failed_per_replica(
+    n_gpus: int, domain_size: int, tp: int, failed: np.ndarray, gpus_per_replica: int | None = None
+) -> np.ndarray:
+    """(n_replicas,) int64: failed GPUs in each data-parallel replica.
+
+    Layout: a TP group is ``tp`` consecutive GPUs inside one scale-up domain; each domain holds
+    ``domain_size // tp`` of them from its first GPU on, and its last ``domain_size % tp`` GPUs
+    belong to no replica (e.g. TP 64 in a 72-GPU domain leaves 8 spares). A replica is
+    ``gpus_per_replica // tp`` consecutive TP groups (default ``gpus_per_replica = tp``: one
+    group; more when a replica also spans pipeline stages, possibly over several domains).
+    """
+    n_domains = _check_domains(n_gpus, domain_size)
+    gpus_per_replica = tp if gpus_per_replica is None else gpus_per_replica
+    if not 1 <= tp <= domain_size:
+        raise ValueError(f"tp ({tp}) must lie in [1, domain_size={domain_size}].")
+    if gpus_per_replica < tp or gpus_per_replica % tp:
+        raise ValueError(f"gpus_per_replica ({gpus_per_replica}) must be a multiple of tp ({tp}).")
+    per_domain, per_replica = domain_size // tp, gpus_per_replica // tp
+    n_groups = n_domains * per_domain
+    if n_groups % per_replica:
+        raise ValueError(f"{n_groups} TP groups of {tp} do not split into replicas of "
+                         f"{per_replica} groups ({gpus_per_replica} GPUs).")  # fmt: skip
+    idx = _failed_indices(failed, n_gpus)
+    domain, offset = np.divmod(idx, domain_size)
+    used = offset < per_domain * tp  # failures on a domain's spare GPUs hit no replica
+    group = domain[used] * per_domain + offset[used] // tp
+    return np.bincount(group // per_replica, minlength=n_groups // per_replica).astype(np.int64)
+
+
+def replica_availability(
+    n_gpus: int, domain_size: int, tp: int, failed: np.ndarray, gpus_per_replica: int | None = None
+) -> float:
+    """Fraction of data-parallel replicas without a failed GPU (layout: ``failed_per_replica``).
+
+    With uniform TP a replica with one failed GPU is out, so this is the share of the cluster's
+    replicas that can still train; for F failures placed uniformly at random its expectation is
+    ``expected_replica_availability(n_gpus, gpus_per_replica, F)``.
+    """
+    counts = failed_per_replica(n_gpus, domain_size, tp, failed, gpus_per_replica)
+    return float(np.mean(counts == 0))
+
+
+def expected_replica_availability(n_gpus: int, gpus_per_replica: int, n_failed: int) -> float:
+    """Probability that a given replica of ``k = gpus_per_replica`` GPUs avoids all of
+    ``n_failed`` failures placed uniformly at random (without repeats) among ``n_gpus`` GPUs:
+    the hypergeometric ``C(n - k, F) / C(n, F) = prod_{j<k} (n - F - j) / (n - j)``. By linearity
+    this is also the expected replica availability. For F << n it is close to ``(1 - p)^k`` with
+    ``p = F / n``, the binomial answer for GPUs failing independently with probability p."""
+    k, n, f = gpus_per_replica, n_gpus, n_failed
+    if not (1 <= k <= n and 0 <= f <= n):
+        raise ValueError(f"need 1 <= gpus_per_replica <= n_gpus and 0 <= n_failed <= n_gpus, "
+                         f"got k={k}, n={n}, F={f}.")  # fmt: skip
+    j = np.arange(k, dtype=np.float64)
+    return float(np.prod(np.clip((n - f - j) / (n - j), 0.0, None)))
