@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--fused", action="store_true", help="our Triton kernels (chapter 6)")
     train.add_argument("--compile", action="store_true", help="torch.compile the training step")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.add_argument(
+        "--tp", type=_positive_int, default=1, metavar="N",
+        help="tensor-parallel degree; run under torchrun --nproc-per-node N",
+    )  # fmt: skip
 
     bench = sub.add_parser("bench", help="run a benchmark and record it (JSON + Markdown)")
     bench.add_argument(
@@ -143,13 +147,24 @@ def _train(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     data = make_data(model_cfg.block_size, path=args.data, seed=args.seed)
-    torch.manual_seed(args.seed)
-    trainer = Trainer(GPT(model_cfg), data, cfg, device=args.device, out_dir=args.out)
+    torch.manual_seed(args.seed)  # every TP rank builds the same full model, then takes its shard
+    if args.tp > 1:
+        if args.resume:
+            raise ValueError("--resume does not combine with --tp yet (sharded optimizer state).")
+        from .parallel.launch import tensor_parallel_trainer
+
+        trainer: Trainer = tensor_parallel_trainer(
+            GPT(model_cfg), data, cfg, args.tp, device=args.device, out_dir=args.out
+        )
+    else:
+        trainer = Trainer(GPT(model_cfg), data, cfg, device=args.device, out_dir=args.out)
     ckpt = args.out / "checkpoint.pt"
     if args.resume and ckpt.exists():
         trainer.resume(ckpt)
         print(f"resumed from {ckpt} at step {trainer.step}")
     history = trainer.train()
+    if getattr(trainer, "tp_rank", 0) != 0:
+        return 0  # only TP rank 0 writes files and reports
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "metrics.json").write_text(json.dumps(history, indent=1))
     last = history[-1] if history else None

@@ -257,9 +257,7 @@ class Trainer:
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-            )
+            grad_norm = self._clip_grad_norm(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
             loss_value = total_loss.item()  # synchronises
             norm_value = float(grad_norm)
             # Without a scaler (which skips such steps) one NaN gradient would turn every weight
@@ -292,6 +290,11 @@ class Trainer:
             "peak_mem_bytes": float(peak_memory_bytes(self.device)),
             "val_loss": None,
         }
+
+    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clip the gradients to ``max_norm`` and return their norm before clipping (a
+        tensor-parallel trainer overrides this: its norm spans every rank's shards)."""
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     @torch.no_grad()
     def evaluate(self, iters: int | None = None) -> float:

@@ -1,0 +1,377 @@
+"""Tensor parallelism on torch.distributed (gloo, CPU processes): operators, layers, the GPT.
+
+Starting processes costs seconds (each imports torch), so one module-scoped spawn of 4 ranks
+runs every distributed check (``workers.run_jobs``, on groups of 2, 3 and 4 ranks) and the
+tests below assert on its results. The reference is always the single-process model in float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from filelock import FileLock
+from torch import nn
+
+from tutorial_lib.__main__ import main
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import TokenData
+from tutorial_lib.model import GPT
+from tutorial_lib.parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    ShardMap,
+    SpawnError,
+    TPTrainer,
+    UnitSpec,
+    copy_to_tp,
+    gather_full_state_dict,
+    init_from_env,
+    parallelize,
+    reduce_from_tp,
+    shard_state_dict,
+    spawn,
+    unit_specs,
+    workers,
+)
+from tutorial_lib.train import TrainConfig, Trainer, load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=6, n_embd=48)  # hs 8, FFN 192
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+# Shard maps: even, uneven (6 heads on 4 ranks: 2, 2, 1, 1), non-contiguous, and both at once.
+ROUND_ROBIN_3 = ShardMap.from_units(
+    CFG, [(0, 3), (1, 4), (2, 5)], [tuple(range(r, 192, 3)) for r in range(3)]
+)
+_perm = torch.randperm(192, generator=torch.Generator().manual_seed(0)).tolist()
+SCATTERED_4 = ShardMap.from_units(
+    CFG, [(5,), (0, 2), (4, 1), (3,)], [_perm[:100], _perm[100:150], _perm[150:180], _perm[180:]]
+)
+UNEVEN_2 = ShardMap.from_units(CFG, [(0, 1, 2, 3), (4, 5)], [range(150), range(150, 192)])
+NO_BIAS = CFG.replace(bias=False)
+GPT_CASES = {  # name: (global ranks of the TP group, model config, shard map)
+    "tp2-even": ((0, 1), CFG, ShardMap.even(CFG, 2)),
+    "tp2-no-bias": ((2, 3), NO_BIAS, UNEVEN_2),
+    "tp3-round-robin": ((1, 2, 3), CFG, ROUND_ROBIN_3),  # a group that does not start at rank 0
+    "tp4-even-2211": ((0, 1, 2, 3), CFG, ShardMap.even(CFG, 4)),
+    "tp4-scattered": ((0, 1, 2, 3), CFG, SCATTERED_4),
+}
+OP_SHAPE = (2, 8, 3)  # (B, T, C); T splits evenly over 4 ranks
+QKV_SPEC, QKV_UNITS = UnitSpec("heads", 0, 3, 4), ((0, 2), (1,))  # 3 heads of width 4, uneven
+ROW_SPEC, ROW_UNITS = UnitSpec("ffn", 1, 1, 1), ((0, 2, 4), (1, 3))  # 5 columns, interleaved
+
+
+def _model_and_batch(
+    seed: int = 0, cfg: GPTConfig = CFG
+) -> tuple[GPT, tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(seed)
+    model = GPT(cfg)
+    g = torch.Generator().manual_seed(seed + 1)
+    x, y = (torch.randint(CFG.vocab_size, (3, CFG.block_size), generator=g) for _ in range(2))
+    return model, (x, y)
+
+
+def _reference(model: GPT, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
+    model.zero_grad()
+    logits, loss = model(*batch)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return {"logits": logits.detach(), "loss": loss.detach(), "grads": grads}
+
+
+def _linear_inputs(kind: str) -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    full = nn.Linear(10, 36) if kind == "column" else nn.Linear(5, 7)
+    nn.init.normal_(full.bias)
+    x, dy = torch.randn(2, 3, full.in_features), torch.randn(2, 3, full.out_features)
+    return full, x, dy
+
+
+def _train_data(corpus: bytes) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    tokens = torch.frombuffer(bytearray(corpus[:60_000]), dtype=torch.uint8) % CFG.vocab_size
+    return tokens[:50_000], tokens[50_000:], CFG.block_size, 0
+
+
+TRAIN_CFG = TrainConfig(steps=3, batch_size=4, lr=1e-2, warmup_steps=1, grad_clip=0.3,
+                        eval_every=3, eval_iters=2, progress=False)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def dist_results(corpus: bytes, tmp_path_factory: pytest.TempPathFactory,
+                 worker_id: str) -> dict[str, Any]:  # fmt: skip
+    """Every distributed check, in one spawn of 4 gloo ranks; results per job and rank.
+
+    Under pytest-xdist the first worker that needs them runs the spawn and saves the results
+    where the other workers look (xdist's recipe for a once-per-run fixture), so two workers
+    do not each start 4 processes on the same few cores.
+    """
+    if worker_id == "master":
+        return _run_dist_checks(corpus)
+    path = tmp_path_factory.getbasetemp().parent / "tp_dist_results.pt"
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            torch.save(_run_dist_checks(corpus), path)
+        return torch.load(path, weights_only=False)
+
+
+def _run_dist_checks(corpus: bytes) -> dict[str, Any]:
+    model, batch = _model_and_batch()
+    sd = model.state_dict()
+    jobs: dict[str, workers.Job] = {
+        "ops4": ((0, 1, 2, 3), workers.operators_check, (OP_SHAPE,)),
+        "ops3": ((1, 2, 3), workers.operators_check, ((2, 6, 3),)),
+        "column": ((2, 3), workers.parallel_linear_check,
+                   ("column", QKV_SPEC, QKV_UNITS, *_linear_inputs("column"))),
+        "row": ((2, 3), workers.parallel_linear_check,
+                ("row", ROW_SPEC, ROW_UNITS, *_linear_inputs("row"))),
+        "train": ((0, 1), workers.tp_train_steps,
+                  (CFG, UNEVEN_2, sd, _train_data(corpus), TRAIN_CFG)),
+    }  # fmt: skip
+    for name, (ranks, cfg, shard_map) in GPT_CASES.items():
+        model, batch = _model_and_batch(cfg=cfg)
+        jobs[name] = (
+            ranks,
+            workers.tp_forward_backward,
+            (cfg, shard_map, batch, model.state_dict()),
+        )
+    results = spawn(workers.run_jobs, 4, list(jobs.values()), timeout_s=180)
+    return {
+        name: [per_rank[i] for per_rank in results if per_rank[i] is not None]
+        for i, name in enumerate(jobs)
+    }
+
+
+# ---- operators --------------------------------------------------------------------------------
+@pytest.mark.parametrize("job", ["ops4", "ops3"])
+def test_operators_forward_backward(dist_results: dict[str, Any], job: str) -> None:
+    out = dist_results[job]
+    n = len(out)
+    xs = [o["copy"]["x"] for o in out]
+    total_x = sum(xs)
+    for r, o in enumerate(out):
+        # f: identity forward, all-reduce backward
+        assert torch.equal(o["copy"]["y"], xs[r])
+        assert torch.allclose(o["copy"]["dx"], sum(p["copy"]["dy"] for p in out))
+        # g: all-reduce forward, identity backward
+        assert torch.allclose(o["reduce"]["y"], total_x)
+        assert torch.equal(o["reduce"]["dx"], o["reduce"]["dy"])
+        # sequence parallel: all-gather forward / reduce-scatter backward, and the converse
+        assert torch.equal(o["gather"]["y"], torch.cat(xs, dim=1))
+        dy_sum = sum(p["gather"]["dy"] for p in out)
+        assert torch.allclose(o["gather"]["dx"], dy_sum.chunk(n, dim=1)[r])
+        assert torch.allclose(o["scatter"]["y"], total_x.chunk(n, dim=1)[r])
+        assert torch.equal(o["scatter"]["dx"], torch.cat([p["scatter"]["dy"] for p in out], 1))
+        assert torch.equal(o["reduce_scatter"], o["reduce_scatter_by_all_reduce"])
+        assert "even splits" in o["uneven_error"] and f"which {n} ranks" in o["uneven_error"]
+
+
+def test_operators_are_identities_without_group() -> None:
+    x = torch.randn(2, 3, requires_grad=True)
+    for op in (copy_to_tp, reduce_from_tp):
+        y = op(x, None)
+        y.sum().backward()
+        assert torch.equal(y, x) and torch.equal(x.grad, torch.ones_like(x))
+        x.grad = None
+
+
+# ---- layers -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["column", "row"])
+def test_parallel_linear_matches_nn_linear(dist_results: dict[str, Any], kind: str) -> None:
+    full, x, dy = _linear_inputs(kind)
+    xr = x.clone().requires_grad_()
+    y = full(xr)
+    y.backward(dy)
+    out = dist_results[kind]
+    if kind == "column":  # each rank: its output columns, weight rows and bias; dx summed by f
+        for o in out:
+            assert torch.allclose(o["y"], y.detach().index_select(-1, o["index"]), **TOL)
+            assert torch.allclose(o["dW"], full.weight.grad.index_select(0, o["index"]), **TOL)
+            assert torch.allclose(o["db"], full.bias.grad.index_select(0, o["index"]), **TOL)
+            assert torch.allclose(o["dx"], xr.grad, **TOL)
+    else:  # each rank: the full output (g), its weight columns and dx slice; bias replicated
+        for o in out:
+            assert torch.allclose(o["y"], y.detach(), **TOL)
+            assert torch.allclose(o["dW"], full.weight.grad.index_select(1, o["index"]), **TOL)
+            assert torch.allclose(o["db"], full.bias.grad, **TOL)
+            assert torch.allclose(o["dx"], xr.grad.index_select(-1, o["index"]), **TOL)
+
+
+def test_parallel_linear_shapes_follow_the_unit_spec() -> None:
+    col = ColumnParallelLinear(10, 36, True, None, QKV_SPEC, (0, 2), 3)
+    row = RowParallelLinear(5, 7, True, None, ROW_SPEC, (1, 3), 5)
+    assert col.weight.shape == (3 * 2 * 4, 10) and col.bias.shape == (24,)
+    assert row.weight.shape == (7, 2) and row.bias.shape == (7,)
+    assert col.shard_index().tolist()[:8] == [0, 1, 2, 3, 8, 9, 10, 11]  # Q of heads 0 and 2
+    with pytest.raises(ValueError, match="does not match the unit layout"):
+        ColumnParallelLinear(10, 35, True, None, QKV_SPEC, (0, 2), 3)
+
+
+# ---- the GPT ----------------------------------------------------------------------------------
+def _assert_matches_reference(result: dict[str, Any], ref: dict[str, Any], sd: dict) -> None:
+    assert torch.allclose(result["logits"], ref["logits"], **TOL)
+    assert torch.allclose(result["loss"], ref["loss"], **TOL)
+    assert result["grads"].keys() == ref["grads"].keys()
+    for name, g in ref["grads"].items():
+        assert torch.allclose(result["grads"][name], g, **TOL), name
+    for name, p in sd.items():  # gather_full(shard(...)) is the identity
+        assert torch.equal(result["state_dict"][name], p), name
+
+
+@pytest.mark.parametrize("case", list(GPT_CASES))
+def test_tp_gpt_matches_single_process(dist_results: dict[str, Any], case: str) -> None:
+    ranks, cfg, shard_map = GPT_CASES[case]
+    model, batch = _model_and_batch(cfg=cfg)
+    ref = _reference(model, batch)
+    out = dist_results[case]
+    assert [o["rank"] for o in out] == list(range(len(ranks)))
+    specs = unit_specs(cfg)
+    for r, o in enumerate(out):  # every rank holds the same full results
+        _assert_matches_reference(o, ref, model.state_dict())
+        qkv = o["local_shapes"]["blocks.0.attn.qkv.weight"]
+        fc = o["local_shapes"]["blocks.1.mlp.fc.weight"]
+        assert qkv == (3 * len(shard_map.heads[r]) * specs["attn.qkv.weight"].width, 48)
+        assert fc == (len(shard_map.ffn[r]), 48)
+
+
+def test_tp1_in_process_is_the_model() -> None:
+    model, batch = _model_and_batch()
+    ref = _reference(model, batch)
+    tp_model = parallelize(model, None, ShardMap.even(CFG, 1))
+    res = _reference(tp_model, batch)
+    assert torch.equal(res["logits"], ref["logits"]) and torch.equal(res["loss"], ref["loss"])
+    for name, g in ref["grads"].items():
+        assert torch.equal(res["grads"][name], g), name
+    full = gather_full_state_dict(tp_model, None, ShardMap.even(CFG, 1))
+    assert all(torch.equal(full[k], v) for k, v in model.state_dict().items())
+
+
+def test_shard_state_dict_slices_by_units() -> None:
+    model, _ = _model_and_batch()
+    sd = model.state_dict()
+    shard = shard_state_dict(sd, CFG, ROUND_ROBIN_3, rank=1)  # heads (1, 4)
+    w = shard["blocks.0.attn.qkv.weight"].view(3, 2, 8, 48)  # (Q/K/V, my heads, hs, C)
+    full = sd["blocks.0.attn.qkv.weight"].view(3, 6, 8, 48)
+    assert torch.equal(w, full[:, [1, 4]])
+    assert torch.equal(shard["blocks.0.mlp.proj.weight"], sd["blocks.0.mlp.proj.weight"][:, 1::3])
+    assert shard["blocks.0.mlp.proj.bias"] is sd["blocks.0.mlp.proj.bias"]  # replicated
+
+
+# ---- training ---------------------------------------------------------------------------------
+def test_tp_trainer_matches_trainer(dist_results: dict[str, Any], corpus: bytes) -> None:
+    """Three AdamW steps with the gradient clipped (so the norm must span both ranks' shards)."""
+    model, _ = _model_and_batch()
+    ref = Trainer(model, TokenData(*_train_data(corpus)), TRAIN_CFG, device="cpu")
+    ref_history = ref.train()
+    assert all(row["grad_norm"] > TRAIN_CFG.grad_clip for row in ref_history)  # clipping on
+    for o in dist_results["train"]:
+        for got, want in zip(o["history"], ref_history, strict=True):
+            for key in ("loss", "grad_norm", "val_loss"):
+                if want[key] is None:
+                    assert got[key] is None, key
+                else:
+                    assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+        for name, p in ref.model.state_dict().items():
+            assert torch.allclose(o["state_dict"][name], p, rtol=1e-4, atol=1e-5), name
+
+
+def test_tp_trainer_checkpoint_holds_the_full_model(tmp_path: Path, corpus: bytes) -> None:
+    model, _ = _model_and_batch()
+    shard_map = ShardMap.even(CFG, 1)
+    cfg = TrainConfig(steps=1, batch_size=2, eval_every=0, progress=False)
+    trainer = TPTrainer(parallelize(model, None, shard_map), TokenData(*_train_data(corpus)),
+                        cfg, None, shard_map, device="cpu", out_dir=tmp_path)  # fmt: skip
+    trainer.train()
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    GPT(CFG).load_state_dict(state["model"])  # a plain GPT loads it
+    assert state["tensor_parallel"]["tp"] == 1 and state["optimizer"] is None
+    with pytest.raises(NotImplementedError, match="not supported"):
+        trainer.resume(tmp_path / "checkpoint.pt")
+
+
+# ---- errors -----------------------------------------------------------------------------------
+@pytest.fixture
+def world_of_one() -> Any:
+    """A real gloo process group of one rank in this process (no spawn), destroyed afterwards."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_errors_name_the_problem(world_of_one: Any) -> None:
+    model, _ = _model_and_batch()
+    with pytest.raises(ValueError, match="process group has 1 ranks but the shard map 2"):
+        parallelize(model, world_of_one, ShardMap.even(CFG, 2))
+    with pytest.raises(ValueError, match="process group is None .* but the shard map 3"):
+        parallelize(model, None, ShardMap.even(CFG, 3))
+    other = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=48)
+    with pytest.raises(ValueError, match="splits 4 heads .* the model has 6 heads"):
+        parallelize(model, None, ShardMap.even(other, 1))
+    with pytest.raises(ValueError, match="TP rank 1 is out of range for TP degree 1"):
+        parallelize(model, None, ShardMap.even(CFG, 1), rank=1)
+    with pytest.raises(ValueError, match="dropout=0.1 under tensor parallelism"):
+        parallelize(GPT(CFG.replace(dropout=0.1)), None, ShardMap.even(CFG, 2))
+    with pytest.raises(ValueError, match="TP degree 7 needs 1 <= tp <= n_head=6"):
+        ShardMap.even(CFG, 7)
+    parallelize(model, world_of_one, ShardMap.even(CFG, 1))  # a group of one rank works
+    x = torch.randn(2, 3)
+    assert torch.equal(copy_to_tp(x, world_of_one), x)
+
+
+def test_spawn_reports_the_failing_rank() -> None:
+    with pytest.raises(SpawnError, match="Rank 1 failed") as info:
+        spawn(workers.raise_on_rank, 2, 1, timeout_s=60)
+    assert info.value.rank == 1 and "fails on purpose" in info.value.traceback
+    with pytest.raises(ValueError, match="needs a worker a fresh process can import"):
+        spawn(lambda rank, world: rank, 2)
+
+
+def test_init_from_env_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(RuntimeError, match="start the processes with torchrun"):
+        init_from_env()
+
+
+# ---- the command line under torchrun ------------------------------------------------------
+def _cli_args(out: Path, data: Path) -> list[str]:
+    return ["train", "--preset", "ci", "--steps", "3", "--batch-size", "4", "--data", str(data),
+            "--out", str(out), "--no-progress", "--device", "cpu"]  # fmt: skip
+
+
+def test_cli_tp_without_torchrun(tmp_path: Path, text_file: Path, capsys: Any,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main([*_cli_args(tmp_path, text_file), "--tp", "2"]) == 1
+    assert "--tp 2 needs 2 processes, but WORLD_SIZE is 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_trains_tensor_parallel_under_torchrun(tmp_path: Path, text_file: Path) -> None:
+    """torchrun with 2 gloo ranks: same losses as one process; rank 0 writes the full model."""
+    env = {**os.environ, "TUTORIAL_PRESET": "ci", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "-m", "tutorial_lib", *_cli_args(tmp_path / "tp", text_file), "--tp", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("wrote") == 1  # one report, from rank 0
+    assert main(_cli_args(tmp_path / "single", text_file)) == 0
+    tp, single = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("tp", "single"))
+    for a, b in zip(tp, single, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    state = load_checkpoint(tmp_path / "tp" / "checkpoint.pt")
+    ref = load_checkpoint(tmp_path / "single" / "checkpoint.pt")
+    assert state["tensor_parallel"]["tp"] == 2
+    for name, p in ref["model"].items():
+        assert state["model"][name].shape == p.shape
+        assert torch.allclose(state["model"][name], p, rtol=1e-3, atol=1e-4), name

@@ -1,0 +1,314 @@
+"""Starting tensor-parallel processes: ``spawn`` from a notebook or test, ``torchrun`` for training.
+
+- ``spawn(fn, world_size, *args)`` starts ``world_size`` CPU processes on this machine, joins
+  them into one process group (gloo over 127.0.0.1) and returns ``fn(rank, world_size, *args)``
+  of every rank. ``fn`` must be importable in a fresh interpreter (the "spawn" start method
+  pickles it by name), so the book's workers live in ``parallel.workers``.
+- ``init_from_env()`` joins the process group that ``torchrun`` describes in RANK, WORLD_SIZE
+  and LOCAL_RANK (NCCL on GPUs, gloo on CPUs).
+- ``TPTrainer`` is the ``Trainer`` of one TP rank, and ``tensor_parallel_trainer`` sets one up
+  under torchrun (``python -m tutorial_lib train --tp N``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import pickle
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..data import TokenData
+from ..model import GPT
+from ..train import TrainConfig, Trainer, save_checkpoint
+from .comm import Group, group_rank
+from .shard import ShardMap
+from .tp import gather_full_state_dict, parallelize, tp_clip_grad_norm_
+
+__all__ = [
+    "SpawnError",
+    "spawn",
+    "free_port",
+    "DistEnv",
+    "init_from_env",
+    "TPTrainer",
+    "tensor_parallel_trainer",
+]
+
+
+class SpawnError(RuntimeError):
+    """A spawned rank raised; ``rank`` and ``traceback`` (the worker's, as text) say where."""
+
+    def __init__(self, rank: int, tb: str, note: str = "") -> None:
+        super().__init__(f"Rank {rank} failed{note}:\n{tb}")
+        self.rank, self.traceback = rank, tb
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _loopback_interface() -> str | None:
+    """The loopback interface's name ("lo" on Linux, "lo0" on macOS), if there is one."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (AttributeError, OSError):  # not on every platform
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, backend: str,
+              out_dir: str, args: tuple[Any, ...], timeout_s: float) -> None:  # fmt: skip
+    """One spawned process: join the group, run ``fn``, write the result (or the traceback)."""
+    torch.set_num_threads(1)  # a few cores shared by all ranks: no intra-op threads
+    loopback = _loopback_interface()
+    if backend == "gloo" and loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback  # gloo's connections stay on 127.0.0.1 too
+    failed_at = time.time()
+    try:
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )  # fmt: skip
+        try:
+            payload = {"ok": True, "result": fn(rank, world_size, *args)}
+        except BaseException:
+            failed_at = time.time()  # before leaving the group makes the other ranks fail too
+            raise
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        payload = {"ok": False, "error": traceback.format_exc(), "time": failed_at}
+    path = Path(out_dir) / f"rank{rank}.pt"
+    tmp = path.with_suffix(".tmp")
+    try:
+        torch.save(payload, tmp)
+    except Exception:  # an unpicklable result
+        torch.save({"ok": False, "error": traceback.format_exc(), "time": time.time()}, tmp)
+    os.replace(tmp, path)
+
+
+def _check_picklable(fn: Callable[..., Any]) -> None:
+    name = getattr(fn, "__qualname__", repr(fn))
+    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in name:
+        raise ValueError(
+            f"spawn() needs a worker a fresh process can import; {name} is defined in "
+            "__main__ or inside a function (a notebook, a test). Put it in a module, as the "
+            "book's workers are in tutorial_lib.parallel.workers."
+        )
+    pickle.dumps(fn)
+
+
+def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
+          timeout_s: float = 120.0) -> list[Any]:  # fmt: skip
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; their results by rank.
+
+    Each process joins one process group (``backend``, over a free port on 127.0.0.1) with one
+    intra-op thread, and always leaves it. If a rank raises, the others are stopped and
+    ``SpawnError`` carries that rank and its traceback; past ``timeout_s`` (start-up included)
+    every rank is stopped and ``TimeoutError`` names the ranks that had not finished.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}.")
+    _check_picklable(fn)
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="tutorial_lib_spawn_") as tmp:
+        port = free_port()
+        procs = [
+            ctx.Process(target=_run_rank, name=f"rank{r}", daemon=True,
+                        args=(fn, r, world_size, port, backend, tmp, args, timeout_s))
+            for r in range(world_size)
+        ]  # fmt: skip
+        for p in procs:
+            p.start()
+        try:
+            unfinished = _wait(procs, Path(tmp), timeout_s)
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+        return _collect(procs, Path(tmp), unfinished, timeout_s)
+
+
+def _failed(proc: Any, path: Path) -> bool:
+    """Whether an exited rank failed: a crash, or a result file that holds a traceback."""
+    return proc.exitcode != 0 or not path.exists() or not torch.load(path, weights_only=False)["ok"]
+
+
+def _wait(procs: list[Any], out: Path, timeout_s: float) -> list[int]:
+    """Wait until every rank has exited, or one failed, or the time is up; the ranks still
+    running then."""
+    deadline, checked = time.monotonic() + timeout_s, set()
+    while time.monotonic() < deadline:
+        running = [r for r, p in enumerate(procs) if p.is_alive()]
+        if not running:
+            return []
+        for r in sorted(set(range(len(procs))) - set(running) - checked):
+            if _failed(procs[r], out / f"rank{r}.pt"):
+                time.sleep(0.5)  # let ranks that fail on their own report it themselves
+                return [r for r, p in enumerate(procs) if p.is_alive()]
+            checked.add(r)
+        time.sleep(0.05)
+    return [r for r, p in enumerate(procs) if p.is_alive()]
+
+
+def _collect(procs: list[Any], out: Path, unfinished: list[int], timeout_s: float) -> list[Any]:
+    payloads: dict[int, dict[str, Any]] = {}
+    for r, p in enumerate(procs):
+        path = out / f"rank{r}.pt"
+        if path.exists():
+            payloads[r] = torch.load(path, weights_only=False)
+        elif r not in unfinished:
+            payloads[r] = {"ok": False, "error": f"exited with code {p.exitcode}, no result\n",
+                           "time": float("inf")}  # fmt: skip
+    # The first rank to fail is the cause; the others usually failed because it left.
+    errors = sorted((pl["time"], r) for r, pl in payloads.items() if not pl["ok"])
+    if errors:
+        first = errors[0][1]
+        others = [r for _, r in errors[1:]]
+        note = (f" first; later failures on ranks {others}" if others else "") + (
+            f"; stopped ranks {unfinished}" if unfinished else "")  # fmt: skip
+        raise SpawnError(first, payloads[first]["error"], note)
+    if unfinished:
+        raise TimeoutError(
+            f"Ranks {unfinished} did not finish within {timeout_s} s (a rank waiting for a "
+            "collective that another rank never called hangs until the timeout)."
+        )
+    return [payloads[r]["result"] for r in range(len(procs))]
+
+
+# ---- torchrun -------------------------------------------------------------------------------
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits: global rank, world size, rank on this node, device, backend."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+def init_from_env(backend: str | None = None) -> DistEnv:
+    """Join the process group described by torchrun's RANK, WORLD_SIZE and LOCAL_RANK.
+
+    The backend defaults to NCCL when CUDA is available (and each process then uses GPU
+    LOCAL_RANK), else gloo. The group is destroyed at interpreter exit.
+    """
+    missing = [k for k in _TORCHRUN_VARS if k not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"{', '.join(missing)} not set: start the processes with torchrun, e.g. "
+            "python -m torch.distributed.run --nproc-per-node 2 -m tutorial_lib train --tp 2 ..."
+        )
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"LOCAL_RANK {local_rank} needs GPU {local_rank}, but {torch.cuda.device_count()} "
+                "are visible: start at most one process per GPU, or train on CPUs (gloo)."
+            )
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world)
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    return DistEnv(rank, world, local_rank, device, backend)
+
+
+class TPTrainer(Trainer):
+    """The ``Trainer`` of one tensor-parallel rank; every rank runs one, on the same batches.
+
+    What differs from ``Trainer``: the gradient norm (and so clipping) spans all ranks' shards;
+    checkpoints hold the gathered full model (loadable by a plain ``GPT``), and only TP rank 0
+    writes them and shows the progress bar; MFU counts 1/t of the model's FLOPs per GPU.
+    The optimizer state stays sharded and is not saved, so a TP run cannot be resumed yet.
+    """
+
+    def __init__(self, model: GPT, data: TokenData, cfg: TrainConfig, group: Group,
+                 shard_map: ShardMap, device: torch.device | str | None = None,
+                 out_dir: str | Path | None = None) -> None:  # fmt: skip
+        if cfg.fused or cfg.compile:
+            raise ValueError("Tensor parallelism does not combine with fused or compile yet.")
+        self.group, self.shard_map, self.tp_rank = group, shard_map, group_rank(group)
+        if self.tp_rank != 0:
+            cfg = dataclasses.replace(cfg, progress=False)
+        super().__init__(model, data, cfg, device=device, out_dir=out_dir)
+        if self.policy.prepare_model is not None or self.scaler is not None:
+            raise ValueError(
+                f"Precision {cfg.precision!r} does not combine with tensor parallelism here: FP8 "
+                "swaps the Linear layers TP has replaced, and FP16's loss scaler would decide "
+                "per rank whether to skip a step. Use fp32, tf32 or bf16."
+            )
+        self._flops_per_token /= shard_map.tp
+
+    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        return tp_clip_grad_norm_(self.model, max_norm, self.group)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["model"] = gather_full_state_dict(self.model, self.group, self.shard_map)
+        state["optimizer"] = None  # sharded across ranks; not gathered
+        state["tensor_parallel"] = {"tp": self.shard_map.tp, "heads": self.shard_map.heads,
+                                    "ffn": self.shard_map.ffn}  # fmt: skip
+        return state
+
+    def save(self, path: str | Path) -> Path:
+        state = self.state_dict()  # every rank takes part in the gather
+        if self.tp_rank == 0:
+            save_checkpoint(path, state)
+        self.last_checkpoint = Path(path)
+        return self.last_checkpoint
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError(
+            "Resuming a tensor-parallel run is not supported: its checkpoint holds the full "
+            "model but not the sharded optimizer state. Load state['model'] into a GPT instead."
+        )
+
+
+def tensor_parallel_trainer(model: GPT, data: TokenData, cfg: TrainConfig, tp: int,
+                            device: str | None = None,
+                            out_dir: str | Path | None = None) -> TPTrainer:  # fmt: skip
+    """Under torchrun with ``tp`` processes: join the group, shard ``model`` evenly, and return
+    this rank's ``TPTrainer``. Every rank must build ``model`` and ``data`` with the same seed."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != tp:
+        raise ValueError(
+            f"--tp {tp} needs {tp} processes, but WORLD_SIZE is {world}: run "
+            f"python -m torch.distributed.run --nproc-per-node {tp} -m tutorial_lib train "
+            f"--tp {tp} ... (only tensor parallelism here, no data parallelism)."
+        )
+    cpu = device is not None and torch.device(device).type == "cpu"
+    env = init_from_env("gloo" if cpu else None)
+    shard_map = ShardMap.even(model.config, tp)
+    group = dist.group.WORLD
+    tp_model = parallelize(model, group, shard_map)
+    return TPTrainer(tp_model, data, cfg, group, shard_map, device=device or env.device,
+                     out_dir=out_dir)  # fmt: skip

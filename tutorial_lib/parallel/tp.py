@@ -1,0 +1,298 @@
+"""Tensor-parallel layers and model: Megatron's column/row split, with uneven shards.
+
+A Block has two column-parallel -> row-parallel pairs (attention: ``attn.qkv`` -> ``attn.proj``
+over heads; MLP: ``mlp.fc`` -> ``mlp.proj`` over FFN columns). Per pair, in forward:
+
+    x (replicated) --f--> [x @ W_col^T: my heads / my FFN columns] --> local attention or GELU
+      --> [h_mine @ W_row^T: a partial sum] --g (all-reduce)--> y (replicated) + bias
+
+``f`` and ``g`` are ``comm.copy_to_tp`` and ``comm.reduce_from_tp``. Two all-reduces per Block in
+forward (``g``) and two in backward (``f``). Everything outside the pairs (embeddings,
+LayerNorms, the row-parallel biases, the LM head) is replicated: every rank computes it
+identically, and its gradients come out identical too, because ``f`` sums the partial gradients.
+
+Which rows or columns a rank owns comes from a ``ShardMap`` (``shard.py``); the layouts from
+``unit_specs`` and ``global_index``, so a shard may hold any set of heads, e.g. heads (0, 3).
+Dropout is not supported under TP: it would need Megatron's per-rank RNG tracker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import GPTConfig
+from ..layers import LINEAR_ROLES, TorchLayers
+from ..model import GPT
+from .comm import Group, copy_to_tp, group_rank, group_size, reduce_from_tp
+from .shard import ShardMap, UnitSpec, global_index, unit_specs
+
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "TPLayers",
+    "check_tp_setup",
+    "shard_state_dict",
+    "parallelize",
+    "gather_full",
+    "gather_full_state_dict",
+    "tp_clip_grad_norm_",
+]
+
+COLUMN_ROLES = ("attn.qkv", "mlp.fc")  # output features split: weight rows, bias
+ROW_ROLES = ("attn.proj", "mlp.proj")  # input features split: weight columns; bias replicated
+
+
+class _ShardedLinear(nn.Module):
+    """Shared parts: the units this rank owns along ``unit_spec.axis``, and their layout."""
+
+    def __init__(self, unit_spec: UnitSpec, units: tuple[int, ...], total_units: int) -> None:
+        super().__init__()
+        self.unit_spec, self.units, self.total_units = unit_spec, tuple(units), total_units
+        self.local_size = unit_spec.groups * len(self.units) * unit_spec.width
+
+    def shard_index(self) -> torch.Tensor:
+        """Indices (along ``unit_spec.dim``) of this shard's rows or columns in the full weight."""
+        return global_index(self.unit_spec, self.units, self.total_units)
+
+    def _check_full(self, full: int, what: str) -> None:
+        spec = self.unit_spec
+        if full != spec.groups * self.total_units * spec.width:
+            raise ValueError(
+                f"{type(self).__name__}: {what}={full} does not match the unit layout "
+                f"({spec.groups} groups x {self.total_units} {spec.axis} x width {spec.width})."
+            )
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=0.02)  # GPT-2's init, as GPT._init_weights
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+class ColumnParallelLinear(_ShardedLinear):
+    """y_mine = f(x) @ W[my rows]^T + b[my rows]: the output stays sharded over my units.
+
+    Holds ``weight`` (local_out, in) and ``bias`` (local_out,). For ``attn.qkv`` the local output
+    is [Q of my heads, K of my heads, V of my heads], so attention runs unchanged on my heads.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, group: Group,
+                 unit_spec: UnitSpec, units: tuple[int, ...], total_units: int) -> None:  # fmt: skip
+        super().__init__(unit_spec, units, total_units)
+        if unit_spec.dim != 0:
+            raise ValueError("A column-parallel layer splits its output (UnitSpec.dim == 0).")
+        self._check_full(out_features, "out_features")
+        self.group, self.in_features, self.out_features = group, in_features, out_features
+        self.weight = nn.Parameter(torch.empty(self.local_size, in_features))
+        self.bias = nn.Parameter(torch.empty(self.local_size)) if bias else None
+        self.reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)  # (..., local_out)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.local_size} of {self.out_features}, " \
+               f"{self.unit_spec.axis}={self.units}"  # fmt: skip
+
+
+class RowParallelLinear(_ShardedLinear):
+    """y = g(x_mine @ W[:, my columns]^T) + b: partial sums all-reduced, then the full bias.
+
+    Holds ``weight`` (out, local_in) and a replicated ``bias`` (out,), added once after the
+    all-reduce (adding it before would count it t times).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, group: Group,
+                 unit_spec: UnitSpec, units: tuple[int, ...], total_units: int) -> None:  # fmt: skip
+        super().__init__(unit_spec, units, total_units)
+        if unit_spec.dim != 1:
+            raise ValueError("A row-parallel layer splits its input (UnitSpec.dim == 1).")
+        self._check_full(in_features, "in_features")
+        self.group, self.in_features, self.out_features = group, in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, self.local_size))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_from_tp(F.linear(x, self.weight), self.group)  # (..., out), replicated
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in={self.local_size} of {self.in_features}, out={self.out_features}, " \
+               f"{self.unit_spec.axis}={self.units}"  # fmt: skip
+
+
+def check_tp_setup(cfg: GPTConfig, group: Group, shard_map: ShardMap, rank: int | None) -> int:
+    """Validate a TP setup and return this process's TP rank (raises ``ValueError``)."""
+    shard_map.check_model(cfg)
+    if cfg.dropout > 0 and shard_map.tp > 1:
+        raise ValueError(
+            f"dropout={cfg.dropout} under tensor parallelism is not supported: ranks would need "
+            "Megatron's RNG tracker (same masks on replicated activations, different ones per "
+            "head). Train with dropout=0.0."
+        )
+    n = group_size(group)
+    if n != shard_map.tp:
+        what = "is None (one rank)" if group is None else f"has {n} ranks"
+        raise ValueError(
+            f"The process group {what} but the shard map {shard_map.tp}; build the map for the "
+            f"group's size (ShardMap.even(cfg, {n})) or pass a group with {shard_map.tp} ranks."
+        )
+    if rank is None:
+        rank = group_rank(group)
+    if not 0 <= rank < shard_map.tp:
+        raise ValueError(f"TP rank {rank} is out of range for TP degree {shard_map.tp}.")
+    if group is not None and rank != group_rank(group):
+        raise ValueError(
+            f"rank={rank} was given, but this process is rank {group_rank(group)} of the group; "
+            "leave rank=None to use the group's."
+        )
+    return rank
+
+
+def _units(shard_map: ShardMap, spec: UnitSpec, rank: int) -> tuple[tuple[int, ...], int]:
+    """The units of ``rank`` on ``spec``'s axis, and that axis's total."""
+    if spec.axis == "heads":
+        return shard_map.heads[rank], shard_map.n_head
+    return shard_map.ffn[rank], shard_map.ffn_size
+
+
+class TPLayers(TorchLayers):
+    """Layer factory: column-parallel ``attn.qkv``/``mlp.fc``, row-parallel ``attn.proj``/
+    ``mlp.proj``, all cut by ``shard_map`` for ``rank``; LayerNorm, GELU and loss as TorchLayers.
+
+    Every Block uses the same map, so the factory needs no per-block state.
+    """
+
+    def __init__(self, cfg: GPTConfig, group: Group, shard_map: ShardMap,
+                 rank: int | None = None) -> None:  # fmt: skip
+        self.rank = check_tp_setup(cfg, group, shard_map, rank)
+        self.cfg, self.group, self.shard_map = cfg, group, shard_map
+        self.specs = unit_specs(cfg)
+
+    def linear(self, in_features: int, out_features: int, bias: bool, role: str) -> nn.Module:
+        if role not in LINEAR_ROLES:
+            raise ValueError(f"Unknown linear role {role!r}; expected one of {LINEAR_ROLES}.")
+        spec = self.specs[f"{role}.weight"]
+        units, total = _units(self.shard_map, spec, self.rank)
+        cls = ColumnParallelLinear if role in COLUMN_ROLES else RowParallelLinear
+        return cls(in_features, out_features, bias, self.group, spec, units, total)
+
+
+def _spec_of(name: str, specs: Mapping[str, UnitSpec]) -> UnitSpec | None:
+    """The UnitSpec of a model parameter name ("blocks.3.attn.qkv.weight"), None if replicated."""
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blocks":
+        return specs.get(parts[2])
+    return None
+
+
+def shard_state_dict(full: Mapping[str, torch.Tensor], cfg: GPTConfig, shard_map: ShardMap,
+                     rank: int) -> dict[str, torch.Tensor]:  # fmt: skip
+    """This rank's slice of a full (single-process) state dict; replicated entries as they are."""
+    shard_map.check_model(cfg)
+    specs = unit_specs(cfg)
+    out = {}
+    for name, tensor in full.items():
+        spec = _spec_of(name, specs)
+        if spec is None:
+            out[name] = tensor
+        else:
+            units, total = _units(shard_map, spec, rank)
+            index = global_index(spec, units, total).to(tensor.device)
+            out[name] = tensor.index_select(spec.dim, index)
+    return out
+
+
+def parallelize(model: GPT, group: Group, shard_map: ShardMap, rank: int | None = None) -> GPT:
+    """A tensor-parallel copy of ``model`` holding this rank's shards (on the model's device).
+
+    Every rank must pass the same full weights (same seed, or a loaded checkpoint).
+    """
+    cfg = model.config
+    layers = TPLayers(cfg, group, shard_map, rank)
+    tp_model = GPT(cfg, layers=layers).to(model.tok_emb.weight.device)
+    tp_model.load_state_dict(shard_state_dict(model.state_dict(), cfg, shard_map, layers.rank))
+    return tp_model
+
+
+def gather_full(
+    tensors: Mapping[str, torch.Tensor], cfg: GPTConfig, group: Group, shard_map: ShardMap
+) -> dict[str, torch.Tensor]:
+    """The inverse of ``shard_state_dict``, on every rank: full tensors from each rank's shards.
+
+    Works for parameters and for their gradients. Shards may differ in size, so instead of one
+    padded all-gather, each rank in turn packs all its shards into one flat buffer and
+    broadcasts it (t broadcasts in all); everyone knows every buffer's layout from the map.
+    """
+    rank = check_tp_setup(cfg, group, shard_map, None)
+    specs = unit_specs(cfg)
+    sharded = {n: (t, s) for n, t in tensors.items() if (s := _spec_of(n, specs)) is not None}
+    out = {n: t for n, t in tensors.items() if n not in sharded}  # replicated
+    if not sharded:
+        return out
+    full: dict[str, torch.Tensor] = {}
+    for name, (t, spec) in sharded.items():
+        shape = list(t.shape)
+        shape[spec.dim] = spec.groups * _units(shard_map, spec, 0)[1] * spec.width
+        full[name] = t.new_empty(shape)
+    for src in range(shard_map.tp):
+        pieces = []  # (name, spec, index into the full tensor, shape of src's shard)
+        for name, (t, spec) in sharded.items():
+            index = global_index(spec, *_units(shard_map, spec, src)).to(t.device)
+            shape = list(t.shape)
+            shape[spec.dim] = len(index)
+            pieces.append((name, spec, index, shape))
+        if src == rank:
+            flat = torch.cat([sharded[n][0].detach().reshape(-1) for n, *_ in pieces])
+        else:
+            sizes = sum(math.prod(shape) for *_, shape in pieces)
+            flat = next(iter(sharded.values()))[0].new_empty(sizes)
+        if group is not None and shard_map.tp > 1:
+            dist.broadcast(flat, src=dist.get_global_rank(group, src), group=group)
+        offset = 0
+        for name, spec, index, shape in pieces:
+            size = math.prod(shape)
+            piece = flat[offset : offset + size].view(shape)
+            full[name].index_copy_(spec.dim, index, piece)
+            offset += size
+    out.update(full)
+    return {n: out[n] for n in tensors}  # keep the input's order
+
+
+def gather_full_state_dict(tp_model: GPT, group: Group, shard_map: ShardMap) -> dict[str, Any]:
+    """The full (single-process) state dict of a tensor-parallel model, on every rank."""
+    return gather_full(tp_model.state_dict(), tp_model.config, group, shard_map)
+
+
+@torch.no_grad()
+def tp_clip_grad_norm_(tp_model: GPT, max_norm: float, group: Group) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for a tensor-parallel model: the norm of the *full*
+    gradient, the same on every rank (so every rank clips by the same factor).
+
+    Sharded gradients: sum of squares all-reduced over the group. Replicated ones: counted once.
+    """
+    specs = unit_specs(tp_model.config)
+    grads = [(n, p.grad) for n, p in tp_model.named_parameters() if p.grad is not None]
+    device = tp_model.tok_emb.weight.device
+    sq_sharded = torch.zeros((), device=device)
+    sq_replicated = torch.zeros((), device=device)
+    for name, g in grads:
+        sq = torch.linalg.vector_norm(g.float()) ** 2
+        if _spec_of(name, specs) is None:
+            sq_replicated += sq
+        else:
+            sq_sharded += sq
+    if group_size(group) > 1:
+        dist.all_reduce(sq_sharded, group=group)
+    total = (sq_sharded + sq_replicated).sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for _, g in grads:
+        g.mul_(coef.to(g.dtype))
+    return total

@@ -1,0 +1,157 @@
+"""Functions that run on every rank of a ``launch.spawn`` group: the chapter's and the tests'.
+
+They live in the package because ``spawn`` starts fresh interpreters that import a worker by
+name. Workers called by ``spawn`` take ``(rank, world_size, *args)``; the ``*_check`` and
+``tp_*`` functions take a process group first, so ``run_jobs`` can run several of them, on
+different groups of ranks, in one spawn (starting processes costs seconds; a check, millis).
+Results come back to the parent, so keep them small: tensors, numbers, strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..config import GPTConfig
+from ..data import TokenData
+from ..model import GPT
+from ..train import TrainConfig
+from . import comm
+from .comm import Group, group_rank
+from .launch import TPTrainer
+from .shard import ShardMap, UnitSpec, global_index
+from .tp import ColumnParallelLinear, RowParallelLinear, gather_full, parallelize
+
+__all__ = [
+    "run_jobs",
+    "tp_forward_backward",
+    "tp_forward_backward_worker",
+    "operators_check",
+    "parallel_linear_check",
+    "tp_train_steps",
+    "raise_on_rank",
+]
+
+Job = tuple[Sequence[int], Callable[..., Any], tuple[Any, ...]]
+
+
+def run_jobs(rank: int, world_size: int, jobs: Sequence[Job]) -> list[Any]:
+    """Run ``fn(group, *args)`` for each job ``(ranks, fn, args)`` whose ranks include this one
+    (None for the others). All groups are made first, by every rank in the same order, as
+    ``dist.new_group`` requires; jobs on disjoint ranks then run side by side."""
+    groups = [dist.new_group(list(ranks)) for ranks, _, _ in jobs]
+    return [
+        fn(group, *args) if rank in ranks else None
+        for (ranks, fn, args), group in zip(jobs, groups, strict=True)
+    ]
+
+
+def tp_forward_backward(group: Group, cfg: GPTConfig, shard_map: ShardMap,
+                        batch: tuple[torch.Tensor, torch.Tensor],
+                        state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:  # fmt: skip
+    """One forward and backward of ``GPT(cfg)`` with ``state_dict``, tensor-parallel over
+    ``group``: logits, loss, the gathered full gradients and state dict, and local shapes."""
+    model = GPT(cfg)
+    model.load_state_dict(state_dict)
+    tp_model = parallelize(model, group, shard_map)
+    x, y = batch
+    logits, loss = tp_model(x, y)
+    loss.backward()
+    grads = {n: p.grad for n, p in tp_model.named_parameters()}
+    return {
+        "rank": group_rank(group),
+        "logits": logits.detach(),
+        "loss": loss.detach(),
+        "grads": gather_full(grads, cfg, group, shard_map),
+        "state_dict": gather_full(tp_model.state_dict(), cfg, group, shard_map),
+        "local_shapes": {n: tuple(p.shape) for n, p in tp_model.named_parameters()},
+    }
+
+
+def tp_forward_backward_worker(rank: int, world_size: int, cfg: GPTConfig, shard_map: ShardMap,
+                               batch: tuple[torch.Tensor, torch.Tensor],
+                               state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:  # fmt: skip
+    """``tp_forward_backward`` over all ``world_size`` spawned ranks (TP degree = world size)."""
+    return tp_forward_backward(dist.group.WORLD, cfg, shard_map, batch, state_dict)
+
+
+def operators_check(group: Group, shape: tuple[int, ...], dim: int = 1) -> dict[str, Any]:
+    """Each of Megatron's operators on a rank-dependent input with a rank-dependent output
+    gradient: per operator, the input, the output, the output gradient and the input gradient.
+    Also both reduce-scatter paths (``dist.reduce_scatter`` and all-reduce + narrow), and the
+    error for a sequence that does not split evenly."""
+    r = group_rank(group)
+    numel = torch.Size(shape).numel()
+    out: dict[str, Any] = {}
+    ops = {"copy": comm.copy_to_tp, "reduce": comm.reduce_from_tp,
+           "gather": lambda t, g: comm.gather_from_sp(t, g, dim),
+           "scatter": lambda t, g: comm.scatter_to_sp(t, g, dim)}  # fmt: skip
+    for name, op in ops.items():
+        x = (torch.arange(numel, dtype=torch.float64).reshape(shape) + 100.0 * r).requires_grad_()
+        y = op(x, group)
+        dy = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(r))
+        y.backward(dy)
+        out[name] = {"x": x.detach(), "y": y.detach(), "dy": dy, "dx": x.grad}
+    x = torch.arange(numel, dtype=torch.float64).reshape(shape) * (r + 1)
+    out["reduce_scatter"] = comm._reduce_scatter(x, group, dim)
+    out["reduce_scatter_by_all_reduce"] = comm._reduce_scatter_by_all_reduce(x, group, dim)
+    try:  # a sequence the ranks cannot share equally
+        comm.scatter_to_sp(torch.cat([x, x.narrow(dim, 0, 1)], dim), group, dim)
+    except ValueError as exc:
+        out["uneven_error"] = str(exc)
+    return out
+
+
+def parallel_linear_check(group: Group, kind: str, spec: UnitSpec, units: Sequence[Sequence[int]],
+                          full: nn.Linear, x: torch.Tensor,
+                          dy: torch.Tensor) -> dict[str, torch.Tensor]:  # fmt: skip
+    """A ``ColumnParallelLinear`` (kind "column") or ``RowParallelLinear`` ("row") cut from
+    ``full`` by ``units[rank]``: forward on ``x`` (its shard, for a row layer), backward with
+    ``dy`` (its shard, for a column layer). Local output and gradients, and the shard index."""
+    r, total = group_rank(group), sum(len(u) for u in units)
+    index = global_index(spec, units[r], total)
+    bias = full.bias is not None
+    if kind == "column":
+        layer = ColumnParallelLinear(full.in_features, full.out_features, bias, group, spec,
+                                     tuple(units[r]), total)  # fmt: skip
+        weight, b = full.weight.index_select(0, index), full.bias
+        b = None if b is None else b.index_select(0, index)
+        x, dy = x.clone(), dy.index_select(-1, index)
+    else:
+        layer = RowParallelLinear(full.in_features, full.out_features, bias, group, spec,
+                                  tuple(units[r]), total)  # fmt: skip
+        weight, b = full.weight.index_select(1, index), full.bias
+        x = x.index_select(-1, index)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if b is not None:
+            layer.bias.copy_(b)
+    x.requires_grad_()
+    y = layer(x)
+    y.backward(dy)
+    return {"y": y.detach(), "dW": layer.weight.grad, "dx": x.grad, "index": index,
+            "db": None if layer.bias is None else layer.bias.grad}  # fmt: skip
+
+
+def tp_train_steps(group: Group, cfg: GPTConfig, shard_map: ShardMap,
+                   state_dict: dict[str, torch.Tensor], data: tuple[torch.Tensor, ...],
+                   train_cfg: TrainConfig) -> dict[str, Any]:  # fmt: skip
+    """``train_cfg.steps`` steps of ``TPTrainer`` from ``state_dict`` on ``TokenData(*data)``:
+    the history and the gathered full state dict at the end."""
+    model = GPT(cfg)
+    model.load_state_dict(state_dict)
+    trainer = TPTrainer(parallelize(model, group, shard_map), TokenData(*data), train_cfg,
+                        group, shard_map, device="cpu")  # fmt: skip
+    history = trainer.train()
+    return {"history": history, "state_dict": trainer.state_dict()["model"]}
+
+
+def raise_on_rank(rank: int, world_size: int, bad_rank: int) -> int:
+    """Return ``rank``, except on ``bad_rank``, which raises: what a failing worker looks like."""
+    if rank == bad_rank:
+        raise RuntimeError(f"rank {rank} of {world_size} fails on purpose")
+    return rank
