@@ -1,4 +1,5 @@
-"""Command line: ``python -m tutorial_lib {info,train,bench} ...`` (``--help`` on each)."""
+"""Command line: ``python -m tutorial_lib {info,train,bench,ntp-reproduce} ...`` (``--help`` on
+each)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Companion package of 'Fast Transformer Training on Hopper'.",
     )
     parser.add_argument("--version", action="version", version=f"tutorial_lib {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,train,bench}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{info,train,bench,ntp-reproduce}"
+    )
 
     info = sub.add_parser("info", help="describe the device, its spec, the preset, FP8 and TE")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -78,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     bench.add_argument("--out", type=Path, default=Path(DEFAULT_DIR), help="results folder")
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    ntp = sub.add_parser("ntp-reproduce", help="the NTP paper's failure figures, simulated")
+    ntp.add_argument("--json", action="store_true", help="print JSON (keys: parallel.planner)")
+    ntp.add_argument("--seed", type=int, default=0)
+    ntp.add_argument("--samples", type=_positive_int, default=32, help="Monte Carlo repetitions")
+    ntp.add_argument("--quick", action="store_true", help="fewer points and one trace (tests)")
     return parser
 
 
@@ -216,11 +225,20 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ntp_reproduce(args: argparse.Namespace) -> int:
+    from .parallel.planner import format_report, ntp_reproduce
+
+    report = ntp_reproduce(seed=args.seed, samples=args.samples, quick=args.quick)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    commands = {"info": _info, "train": _train, "bench": _bench, "ntp-reproduce": _ntp_reproduce}
     try:
-        return {"info": _info, "train": _train, "bench": _bench}[args.command](args)
+        return commands[args.command](args)
     except (ValueError, FileNotFoundError, RuntimeError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
