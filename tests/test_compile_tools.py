@@ -13,6 +13,8 @@ from tutorial_lib.kernels.compile import (
     count_eager_ops,
     count_kernels,
     generated_code,
+    kernel_excerpt,
+    kernel_names,
     measure_compile,
 )
 
@@ -46,6 +48,31 @@ def test_eager_counts_two_ops_where_compile_generates_one_kernel() -> None:
     assert ops == {"aten.add": 1, "aten.gelu": 1}
     code = generated_code(torch.compile(_bias_gelu, dynamic=False), x, b)
     assert count_kernels(code) == {"generated": 1, "launches": 1, "library": 0}  # add + GELU
+
+
+def test_kernel_names_and_excerpt() -> None:
+    code = """
+cpp_fused_mul_0 = async_compile.cpp_pybinding(['float*'], '''
+#include "prefix.h"
+extern "C" void kernel(float* out) { out[0] = 2; }
+''')
+cpp_fused_add_gelu_1 = async_compile.cpp_pybinding(['float*'], '''
+#include "prefix.h"
+extern "C" void kernel(float* out) { out[0] = gelu(out[0]); }
+''')
+def call(args):
+        assert_size_stride(a, (4,), (1,), 'torch.ops.aten.mm.default')
+        extern_kernels.mm(a, b, out=buf0)
+        cpp_fused_add_gelu_1(buf0, buf1)
+"""
+    assert kernel_names(code) == ["cpp_fused_mul_0", "cpp_fused_add_gelu_1"]
+    text = kernel_excerpt(code)
+    assert text.startswith('extern "C" void kernel(float* out) { out[0] = gelu(out[0]); }')
+    assert text.endswith("extern_kernels.mm(a, b, out=buf0)\ncpp_fused_add_gelu_1(buf0, buf1)")
+    assert "assert_size_stride" not in text and "#include" not in text
+    assert "out[0] = 2" in kernel_excerpt(code, name_contains="mul")
+    with pytest.raises(ValueError, match="No generated kernel"):
+        kernel_excerpt("def call(args): pass")
 
 
 def test_eager_op_count_excludes_views() -> None:

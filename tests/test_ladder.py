@@ -15,6 +15,7 @@ import pytest
 from tutorial_lib.__main__ import main
 from tutorial_lib.config import PRESETS
 from tutorial_lib.data import TokenData
+from tutorial_lib.perf.fusion_bench import plot_op_bandwidth
 from tutorial_lib.perf.ladder import (
     FUSIONS,
     LADDER_MAX_LR,
@@ -137,6 +138,11 @@ def test_fusion_benchmark_records_ops_and_steps(
             assert "CUDA GPU only" in r["skipped"]
         else:
             assert r["time_us"] > 0 and r["GB/s"] > 0 and r["fraction_of_hbm_peak"] is None
+    _, ax = plt.subplots()
+    plot_op_bandwidth(ax, ops, "ops")
+    assert [t.get_text() for t in ax.texts].count("GPU\nonly") == 5  # triton, not timed here
+    assert len(ax.patches) == 15
+    plt.close("all")
     steps = [r for r in record["rows"] if r["op"] == "training step"]
     assert [r["rung"] for r in steps] == ["eager", "compile"]
     assert steps[1]["compile_s"] is not None

@@ -34,6 +34,8 @@ from .compile import (
     count_eager_ops,
     count_kernels,
     generated_code,
+    kernel_excerpt,
+    kernel_names,
     measure_compile,
 )
 from .cross_entropy import (
@@ -118,4 +120,6 @@ __all__ = [
     "generated_code",
     "count_kernels",
     "count_eager_ops",
+    "kernel_names",
+    "kernel_excerpt",
 ]

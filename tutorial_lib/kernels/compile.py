@@ -37,6 +37,8 @@ __all__ = [
     "measure_compile",
     "generated_code",
     "count_kernels",
+    "kernel_names",
+    "kernel_excerpt",
     "count_eager_ops",
 ]
 
@@ -192,6 +194,30 @@ def count_kernels(code: str | list[str]) -> dict[str, int]:
     launches = sum(1 for m in _KERNEL_LAUNCH.finditer(text) if m.group(1) in generated)
     library = sum(1 for _ in _LIBRARY_CALL.finditer(text))
     return {"generated": len(generated), "launches": launches, "library": library}
+
+
+def kernel_names(code: str) -> list[str]:
+    """The generated kernels defined in one graph's code, in order of definition."""
+    return [m.group(1) for m in _KERNEL_DEF.finditer(code)]
+
+
+def kernel_excerpt(code: str, name_contains: str = "gelu", max_lines: int = 32) -> str:
+    """A readable slice of one graph's generated code: the body of the first generated kernel
+    whose name contains ``name_contains`` (else the first kernel), up to ``max_lines`` lines,
+    then every kernel launch and library call of the graph's ``call`` function."""
+    lines = code.splitlines()
+    defs = [i for i, line in enumerate(lines) if _KERNEL_DEF.match(line)]
+    if not defs:
+        raise ValueError("No generated kernel in this code (was it produced by Inductor?).")
+    start = next((i for i in defs if name_contains in lines[i]), defs[0]) + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("'''")), len(lines))
+    body = [line for line in lines[start:end] if line.strip()]
+    first = next((i for i, line in enumerate(body) if line.startswith(("def ", 'extern "C"'))), 0)
+    calls = [
+        line.strip() for line in lines
+        if _KERNEL_LAUNCH.match(line) or _LIBRARY_CALL.match(line)
+    ]  # fmt: skip
+    return "\n".join(body[first : first + max_lines] + ["...", "", "# launches in call():"] + calls)
 
 
 class _OpCounter(TorchDispatchMode):

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from matplotlib.axes import Axes
 
 from .. import kernels
 from ..config import RunPreset
@@ -23,7 +24,9 @@ from ..kernels import traffic
 from .ladder import Rung, run_ladder
 from .timing import benchmark
 
-__all__ = ["OpCase", "op_cases", "time_ops", "step_rows"]
+__all__ = ["OpCase", "op_cases", "time_ops", "step_rows", "plot_op_bandwidth", "IMPLS"]
+
+IMPLS = ("eager", "compile", "triton")
 
 
 @dataclasses.dataclass
@@ -120,3 +123,20 @@ def step_rows(preset: RunPreset, device: torch.device, steps: int) -> list[dict[
     keep = ("rung", "precision", "skipped", "step_time_ms", "tokens_per_s", "mfu",
             "peak_mem_bytes", "compile_s", "final_loss")  # fmt: skip
     return [{k: r[k] for k in keep if k in r} for r in rows]
+
+
+def plot_op_bandwidth(ax: Axes, rows: Sequence[dict[str, Any]], title: str) -> Axes:
+    """Grouped bars of effective bandwidth (minimum bytes / median time) per op and
+    implementation, from ``time_ops`` rows; a row that was not timed is marked "GPU only"."""
+    names = list(dict.fromkeys(r["op"] for r in rows))
+    width = 0.8 / len(IMPLS)
+    for j, impl in enumerate(IMPLS):
+        found = {r["op"]: r.get("GB/s") for r in rows if r["impl"] == impl}
+        xs = [i + (j - 1) * width for i in range(len(names))]
+        ax.bar(xs, [found.get(n) or 0.0 for n in names], width, label=impl, color=f"C{j}")
+        for x, n in zip(xs, names, strict=True):
+            if found.get(n) is None:
+                ax.annotate("GPU\nonly", (x, 0), ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(names)), [n.replace(" + ", " +\n") for n in names], fontsize=8)
+    ax.set(title=title, ylabel="effective bandwidth (GB/s)")
+    return ax
