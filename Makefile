@@ -25,13 +25,15 @@ VPY   := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(TORCH)
 VENV_FLAGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
 
-.PHONY: help setup test lint unit notebooks book lab clean vendor
+.PHONY: help setup test lint unit notebooks book html slides executed stage browser-deps lab clean distclean vendor
 
 help:
-	@echo "make test   - lint, unit tests and every notebook (ci preset) under nbmake"
-	@echo "make book   - execute the notebooks and build the HTML book in book/_build/html"
-	@echo "make lab    - open JupyterLab on book/"
-	@echo "make clean  - remove build outputs (keeps .venv; 'make distclean' removes it too)"
+	@echo "make test    - lint, unit tests, every notebook (ci preset) under nbmake, the HTML book"
+	@echo "               built from those executed notebooks, and the browser test of the site"
+	@echo "make book    - execute the notebooks (preset auto-detected) and build book/_build/html"
+	@echo "make slides  - one reveal.js deck per chapter in book/_build/slides (offline)"
+	@echo "make lab     - open JupyterLab on book/"
+	@echo "make clean   - remove build outputs (keeps .venv; 'make distclean' removes it too)"
 	@echo "TORCH=$(TORCH) (auto|cpu|system)"
 
 $(STAMP): pyproject.toml scripts/fetch_te_source.py
@@ -52,34 +54,84 @@ setup: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tutorial_lib tests benchmarks scripts book
-	$(VENV)/bin/ruff format --check tutorial_lib tests benchmarks scripts
+	$(VENV)/bin/ruff format --check tutorial_lib tests benchmarks scripts book/_ext
+	$(VPY) scripts/slides.py tag --check book/chapters/*.ipynb
 
-# One pytest run for unit tests and notebooks, so the closing "N passed" line counts both.
-# JOBS workers share the cores: one math thread each avoids oversubscription (which made
-# notebook training ~10x slower on 2 cores).
-TEST_ENV := TUTORIAL_PRESET=$(PRESET_CI) MPLBACKEND=Agg OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# Build layout. The notebooks run once, under nbmake with --overwrite, in a copy of book/
+# (scripts/stage_book.py); the HTML book and the slides are made from that executed copy.
+# The copy is not under book/_build because nbmake refuses to collect paths containing "_build".
+BUILD    := book/_build
+STAGE    := book/_executed
+EXECUTED := $(STAGE)/.executed
+CHROMIUM ?= /usr/bin/chromium
 
-test: $(STAMP) lint
-	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --nbmake --nbmake-timeout=600 tests book/chapters
+# One math thread per pytest worker: JOBS workers share the cores, and oversubscription made
+# notebook training ~10x slower on 2 cores. No MPLBACKEND here: the notebooks' kernels must keep
+# their inline backend, or the executed notebooks would have no figures.
+NB_ENV   := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+TEST_ENV := TUTORIAL_PRESET=$(PRESET_CI) $(NB_ENV)
+NBMAKE   := --nbmake --nbmake-timeout=900 --overwrite
+
+stage: $(STAMP)
+	$(VPY) scripts/stage_book.py book $(STAGE)
+
+# make test: 1. unit tests + every notebook (ci preset) in one pytest run, so its closing
+# "N passed" counts both; 2. the HTML book and the slides from those executed notebooks;
+# 3. the browser test of the built site.
+test: $(STAMP) lint vendor browser-deps stage
+	@rm -f $(EXECUTED)
+	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) $(NBMAKE) --ignore=tests/browser tests $(STAGE)/chapters
+	@touch $(EXECUTED)
+	$(MAKE) --no-print-directory html slides-only
+	$(TEST_ENV) $(VENV)/bin/pytest -p no:cacheprovider tests/browser
 
 unit: $(STAMP)
-	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) tests
+	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --ignore=tests/browser tests
 
-notebooks: $(STAMP)
-	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --nbmake --nbmake-timeout=600 book/chapters
+# Only the notebooks, executed in place of the staged copy (the preset is auto-detected:
+# `hopper` on an sm_90 GPU, `ci` elsewhere; set TUTORIAL_PRESET to choose).
+executed: $(STAMP) stage
+	@rm -f $(EXECUTED)
+	$(NB_ENV) $(VENV)/bin/pytest -n $(JOBS) -p no:cacheprovider $(NBMAKE) $(STAGE)/chapters
+	@touch $(EXECUTED)
+
+notebooks: executed
+
+book: $(STAMP) vendor executed
+	$(MAKE) --no-print-directory html
+	@echo "Open $(BUILD)/html/index.html"
+
+# The HTML from the executed copy; execution is off there. -W: every warning fails the build,
+# -n: so does every broken internal reference.
+html: $(STAMP) vendor
+	@test -f $(EXECUTED) || (echo "html: no executed notebooks in $(STAGE); run 'make book'"; exit 1)
+	$(VENV)/bin/jupyter-book build --all -W -n --keep-going $(STAGE) --path-output book
+
+slides: $(STAMP) vendor
+	@test -f $(EXECUTED) || $(MAKE) --no-print-directory executed
+	$(MAKE) --no-print-directory slides-only
+
+slides-only:
+	$(VPY) scripts/slides.py build $(STAGE)/chapters $(BUILD)/slides --vendor book/_vendor
 
 vendor: $(STAMP)
 	$(VPY) scripts/vendor_js.py book/_vendor
 
-book: $(STAMP) vendor
-	$(VENV)/bin/jupyter-book build --all -W -n --keep-going book
-	@echo "Open book/_build/html/index.html"
+# Headless Chromium for tests/browser, from Debian's package (Playwright drives it; it downloads
+# no browser of its own).
+browser-deps:
+	@test -x $(CHROMIUM) || { \
+	  echo "installing Debian's chromium for the browser test"; \
+	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$SUDO apt-get install -y --no-install-recommends chromium \
+	    || { $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium; }; }
+	@test -x $(CHROMIUM) || (echo "no $(CHROMIUM): install Debian's chromium package, or set CHROMIUM=/path/to/chromium"; exit 1)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab book
 
 clean:
-	rm -rf book/_build .pytest_cache .ruff_cache runs
+	rm -rf book/_build book/_executed .pytest_cache .ruff_cache runs
 	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
 
 distclean: clean

@@ -9,7 +9,9 @@ What lands in DEST (``book/_config.yml`` points ``mathjax_path`` and ``nb_ipywid
   lazily: CHTML fonts, TeX extensions, the menu, accessibility and the speech-rule engine;
 - ``requirejs/require.js``: the AMD loader that the widget manager needs;
 - ``html-manager/dist/``: ``embed-amd.js`` from ``@jupyter-widgets/html-manager`` 1.x (renders the
-  saved state of ipywidgets 8 statically) and the Font Awesome files it references by relative URL.
+  saved state of ipywidgets 8 statically) and the Font Awesome files it references by relative URL;
+- ``reveal.js/``: reveal.js 4.x (the "white" theme and its fonts, the speaker-notes plugin), for
+  ``make slides`` (see ``scripts/make_slides.py``).
 
 Every package is fetched with ``npm pack`` at a pinned version and checked against a pinned
 sha512 integrity. A stamp file records the pins; when DEST already holds a stamp with the same pins
@@ -94,6 +96,22 @@ PACKAGES: tuple[Package, ...] = (
             "dist/embed.js.LICENSE.txt",
             "dist/libembed-amd.js",
         ),
+    ),
+    # For `make slides` (nbconvert's reveal.js template, see scripts/make_slides.py).
+    Package(
+        name="reveal.js",
+        version="4.6.0",
+        integrity="sha512-QC80rYsZldAe95bW9VImucIPTjfsKhI0jRQrIOXU4P92ZyXb/dfw9L3EE96bN6i7UmeUl1qBieH4UNTr25erYw==",
+        dest="reveal.js",
+        copy=(
+            "LICENSE",
+            "dist/reveal.js",
+            "dist/reveal.css",
+            "dist/theme/white.css",  # the "white" theme uses bundled fonts ("simple" imports Google's)
+            "dist/theme/fonts/source-sans-pro",
+            "plugin/notes",
+        ),
+        skip_suffixes=(".map", ".eot", ".ttf"),
     ),
 )
 

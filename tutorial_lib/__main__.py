@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .config import MODEL_SIZES, PRESETS, GPTConfig, get_preset
+from .config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
 from .hardware import default_device, describe_device, fp8_gemm_status, te_available
 from .perf.ladder import FUSIONS
 from .perf.results import DEFAULT_DIR
@@ -41,8 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", required=True, metavar="{info,train,bench,ntp-reproduce}"
     )
 
-    info = sub.add_parser("info", help="describe the device, its spec, the preset, FP8 and TE")
+    info = sub.add_parser(
+        "info", help="describe the device, its spec, the preset, FP8 and TE; is it workshop-ready?"
+    )
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info.add_argument(
+        "--strict", action="store_true", help="exit with status 1 when the machine is not ready"
+    )
 
     train = sub.add_parser("train", help="train the preset's GPT on the byte-level corpus")
     train.add_argument("--preset", choices=list(PRESETS), help="default: $TUTORIAL_PRESET/auto")
@@ -91,8 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from .readiness import check_readiness, format_readiness
+
     dev = describe_device()
-    preset = get_preset()
+    try:
+        preset: RunPreset | None = get_preset()
+        preset_why = ""
+    except ValueError as exc:  # a bad TUTORIAL_PRESET: report it below instead of failing
+        preset, preset_why = None, str(exc)
     fp8_ok, fp8_why = fp8_gemm_status()
     te_ok, te_why = te_available()
     report = {
@@ -105,14 +116,17 @@ def _info(args: argparse.Namespace) -> int:
             "hbm_tb_s": dev.spec.hbm_bandwidth / 1e12,
             "source": dev.spec.source,
         },
-        "preset": preset.name,
+        "preset": None if preset is None else preset.name,
         "precision_policies": available_policies(),
         "fp8_gemms": {"available": fp8_ok, "reason": fp8_why},
         "transformer_engine": {"available": te_ok, "reason": te_why},
     }  # fmt: skip
+    ready = check_readiness()
+    status = 1 if args.strict and not ready.ready else 0
     if args.json:
+        report["readiness"] = ready.to_dict()
         print(json.dumps(report, indent=2))
-        return 0
+        return status
     print(f"tutorial_lib {__version__}, torch {torch.__version__}")
     print(f"device:  {report['device']}")
     if dev.spec is None:
@@ -122,11 +136,16 @@ def _info(args: argparse.Namespace) -> int:
         print(
             f"spec:    {dev.spec.name}: peak TFLOP/s {peaks}; HBM {report['spec']['hbm_tb_s']} TB/s"
         )
-    print(f"preset:  {preset.name} (model {preset.model}, {preset.steps} steps)")
+    if preset is None:
+        print(f"preset:  none ({preset_why})")
+    else:
+        print(f"preset:  {preset.name} (model {preset.model}, {preset.steps} steps)")
     print(f"precision policies: {', '.join(available_policies())}")
     print(f"FP8 GEMMs: {'yes' if fp8_ok else 'no'} ({fp8_why})")
     print(f"Transformer Engine: {'yes' if te_ok else 'no'} ({te_why})")
-    return 0
+    print()
+    print(format_readiness(ready))
+    return status
 
 
 def _train(args: argparse.Namespace) -> int:

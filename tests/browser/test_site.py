@@ -1,0 +1,168 @@
+"""The built book, as a reader sees it in a browser (headless Chromium, driven by Playwright).
+
+Run by `make test` after the HTML book and the slides are built from the executed notebooks.
+Every page of the table of contents must load without console errors and without reaching
+outside localhost, show every image, render its math, link to its neighbours, and (for the
+chapters) carry launch and download buttons, captioned figures, per-chapter exercise numbers
+and rendered widget state. One full-page screenshot per page lands in book/_build/screenshots/.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urljoin, urlparse
+
+import pytest
+from site_checks import (
+    CHAPTER_NOTEBOOKS,
+    RAW_TEX,
+    SITE,
+    SLIDES,
+    chapter_number,
+    toc_pages,
+    visit,
+)
+
+PAGES = toc_pages()
+
+
+def _resolve(base: str, href: str) -> str:
+    """The site-relative path (no fragment) that ``href`` on page ``base`` points to."""
+    return unquote(urlparse(urljoin(base, href)).path).lstrip("/")
+
+
+@pytest.fixture(scope="module")
+def site_url(serve):
+    return serve(SITE)
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_page(docname, browser, site_url, screenshots):
+    url = f"{site_url}{docname}.html"
+    shot = screenshots / f"{docname.replace('/', '__')}.png"
+    report = visit(browser, url, screenshot=shot)
+    facts = report.facts
+
+    assert not report.console_errors, f"{docname}: console errors {report.console_errors}"
+    assert not report.external_requests, (
+        f"{docname}: loads from outside: {report.external_requests}"
+    )
+    assert not report.failed_requests, f"{docname}: failed to load {report.failed_requests}"
+    broken = [img["src"] for img in facts["images"] if not img["ok"]]
+    assert not broken, f"{docname}: images that did not load: {broken}"
+    assert shot.stat().st_size > 10_000, f"{docname}: screenshot {shot} looks empty"
+
+    # Math: every math element typeset by MathJax, no TeX errors, no raw TeX left in the prose.
+    assert facts["mathRendered"] == facts["math"], (
+        f"{docname}: {facts['math'] - facts['mathRendered']} of {facts['math']} math elements "
+        "not rendered by MathJax"
+    )
+    assert facts["mathErrors"] == 0, f"{docname}: {facts['mathErrors']} MathJax errors"
+    raw = RAW_TEX.search(facts["text"])
+    assert raw is None, (
+        f"{docname}: raw TeX in the text near {facts['text'][max(0, raw.start() - 60) : raw.end() + 20]!r}"
+    )
+
+    # Navigation: previous and next follow the table of contents.
+    i = PAGES.index(docname)
+    expected_prev = PAGES[i - 1] + ".html" if i > 0 else None
+    expected_next = PAGES[i + 1] + ".html" if i + 1 < len(PAGES) else None
+    got_prev = _resolve(url, facts["prev"]) if facts["prev"] else None
+    got_next = _resolve(url, facts["next"]) if facts["next"] else None
+    assert (got_prev, got_next) == (expected_prev, expected_next), f"{docname}: prev/next links"
+
+    # Internal links point at pages that exist.
+    missing = sorted(
+        {
+            target
+            for href in facts["links"]
+            if not href.startswith(("http:", "https:", "mailto:", "#"))
+            and not (SITE / (target := _resolve(url, href))).exists()
+        }
+    )
+    assert not missing, f"{docname}: links to missing files {missing}"
+
+    chapter = chapter_number(docname)
+    if chapter is None:
+        return
+    assert facts["colab"] and facts["binder"], f"{docname}: Colab/Binder launch buttons missing"
+    assert facts["download"], f"{docname}: no download-notebook (.ipynb) button"
+    assert facts["outputImages"] > 0, f"{docname}: a chapter without a single figure"
+    assert facts["outputImagesInFigures"] == facts["outputImages"], (
+        f"{docname}: {facts['outputImages'] - facts['outputImagesInFigures']} plots without a "
+        "figure caption (give the cell mystnb.figure metadata)"
+    )
+    uncaptioned = [f["id"] for f in facts["figures"] if not f["caption"]]
+    assert not uncaptioned, f"{docname}: figures without captions {uncaptioned}"
+    assert facts["exercises"], f"{docname}: no exercises"
+    wrong = [t for t in facts["exercises"] if not t.startswith(f"Exercise {chapter}.")]
+    assert not wrong, f"{docname}: exercises not numbered per chapter: {wrong}"
+    if facts["widgetViews"]:
+        assert facts["widgetsRendered"] >= facts["widgetViews"], (
+            f"{docname}: {facts['widgetViews']} widgets, {facts['widgetsRendered']} rendered "
+            "from the saved state"
+        )
+
+
+def test_next_buttons_walk_the_whole_book(browser, site_url):
+    """Clicking "next" from the landing page visits every page in table-of-contents order."""
+    page = browser.new_page()
+    try:
+        page.goto(site_url, wait_until="load")  # index.html redirects to the root page
+        page.wait_for_url(f"**/{PAGES[0]}.html")
+        visited = [PAGES[0]]
+        while page.locator("a.right-next").count():
+            page.locator("a.right-next").first.click()
+            page.wait_for_load_state("load")
+            visited.append(_resolve(page.url, page.url).removesuffix(".html"))
+        assert visited == PAGES
+        page.locator("a.left-prev").first.click()
+        page.wait_for_load_state("load")
+        assert _resolve(page.url, page.url) == PAGES[-2] + ".html"
+    finally:
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def slides_url(serve):
+    return serve(SLIDES)
+
+
+@pytest.mark.parametrize("name", CHAPTER_NOTEBOOKS)
+def test_slide_deck(name, browser, slides_url, screenshots):
+    """`make slides` decks open offline, start reveal.js, and render their math."""
+    deck = SLIDES / f"{name}.slides.html"
+    assert deck.is_file(), f"no slide deck {deck}: run `make slides`"
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    errors, external = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+
+    def route(r):
+        if r.request.url.startswith("http://127.0.0.1"):
+            r.continue_()
+        else:
+            external.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    try:
+        page.goto(f"{slides_url}{deck.name}", wait_until="load")
+        page.wait_for_function("window.slidesReady === true", timeout=20_000)
+        page.evaluate(
+            "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null"
+        )
+        total = page.evaluate("Reveal.getTotalSlides()")
+        title = page.evaluate(
+            "document.querySelector('.reveal .slides section h1')?.innerText ?? ''"
+        )
+        raw_tex = page.evaluate(
+            "document.querySelector('.reveal .slides').innerText.includes('$$')"
+        )
+        page.screenshot(path=str(screenshots / f"slides__{name}.png"))
+    finally:
+        page.close()
+    assert not errors, f"{name}: console errors {errors}"
+    assert not external, f"{name}: loads from outside: {external}"
+    assert total >= 5, f"{name}: only {total} slides"
+    assert title.split(".")[0].strip() == str(int(name[:2])), f"{name}: first slide title {title!r}"
+    assert not raw_tex, f"{name}: raw $$ math in the slides"

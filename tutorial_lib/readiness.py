@@ -1,0 +1,432 @@
+"""Is this machine ready for the workshop? The checks behind ``python -m tutorial_lib info``.
+
+Two halves, so that the checks can be tested without the machine they describe:
+
+- ``gather_machine()`` probes this machine (Python, packages, GPU, disk, RAM, compiler, the
+  ``TUTORIAL_PRESET`` variable) into a plain ``Machine`` record. Each probe is a small module-level
+  function, which tests replace with ``monkeypatch``.
+- ``evaluate(machine)`` is pure: it turns a ``Machine`` into one ``Check`` row per requirement
+  (status ``ok``, ``missing`` or ``optional``, a detail and, for each problem, the fix) and a
+  verdict. ``missing`` blocks the workshop; ``optional`` does not.
+
+``check_readiness()`` does both. See ``book/workshop/setup.md`` for what the rows mean.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "OK",
+    "MISSING",
+    "OPTIONAL",
+    "SETUP_FIX",
+    "MIN_PYTHON",
+    "MIN_TORCH",
+    "MIN_DISK_BYTES",
+    "MIN_RAM_BYTES",
+    "NOTEBOOK_PACKAGES",
+    "Check",
+    "GPU",
+    "Machine",
+    "Readiness",
+    "gather_machine",
+    "evaluate",
+    "check_readiness",
+    "format_readiness",
+]
+
+OK, MISSING, OPTIONAL = "ok", "missing", "optional"
+SETUP_FIX = "make setup (or: pip install -e '.[dev,book]')"
+MIN_PYTHON = (3, 10)
+MIN_TORCH = (2, 6)  # pyproject.toml: torch>=2.6
+MIN_DISK_BYTES = 2 * 2**30
+MIN_RAM_BYTES = 8 * 2**30
+# The notebook stack besides JupyterLab (or the classic notebook), in import names.
+NOTEBOOK_PACKAGES = ("ipykernel", "ipywidgets", "matplotlib", "tqdm")
+_JUPYTER_FRONTENDS = ("jupyterlab", "notebook")
+_PROBED = (*_JUPYTER_FRONTENDS, *NOTEBOOK_PACKAGES, "triton")
+_GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the readiness report."""
+
+    name: str
+    status: str  # OK, MISSING or OPTIONAL
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    capability: tuple[int, int]
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the checks look at; ``gather_machine()`` fills it in for this machine."""
+
+    python: tuple[int, int, int]
+    platform: str  # sys.platform: "linux", "darwin", "win32"
+    torch_version: str | None  # None: torch does not import
+    torch_cuda: str | None  # torch.version.cuda; None for a CPU build
+    packages: Mapping[str, str | None] = field(default_factory=dict)  # import name -> version
+    gpu: GPU | None = None  # CUDA device 0, if torch sees one
+    nvidia_smi: bool = False  # an NVIDIA driver is installed (nvidia-smi on PATH)
+    cxx: str | None = None  # the C++ compiler torch.compile would find
+    disk_free: int | None = None  # bytes free where the check runs
+    ram_total: int | None = None  # bytes of physical memory
+    preset_env: str | None = None  # $TUTORIAL_PRESET, if set and not empty
+    te: tuple[bool, str] = (False, "not checked")  # hardware.te_available()
+    cwd: str = "."
+
+
+@dataclass(frozen=True)
+class Readiness:
+    checks: tuple[Check, ...]
+    preset: str  # the preset the notebooks will use
+
+    @property
+    def ready(self) -> bool:
+        return not any(c.status == MISSING for c in self.checks)
+
+    @property
+    def problems(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.status == MISSING)
+
+    @property
+    def verdict(self) -> str:
+        if self.ready:
+            return f"READY for the workshop (preset {self.preset})"
+        # One clause per distinct fix, naming the checks it repairs, in report order.
+        by_fix: dict[str, list[str]] = {}
+        for c in self.problems:
+            by_fix.setdefault(c.fix, []).append(c.name)
+        return "NOT READY: " + "; ".join(f"{', '.join(n)}: {fix}" for fix, n in by_fix.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "preset": self.preset,
+            "verdict": self.verdict,
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+
+# ---- probes (each replaced in tests) --------------------------------------------------------
+
+
+def _package_version(name: str) -> str | None:
+    """The installed version of the importable module ``name``, "?" if unknown, None if absent.
+
+    ``find_spec`` finds the module without importing it (importing JupyterLab takes seconds).
+    """
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def _torch() -> tuple[str | None, str | None, GPU | None]:
+    """(torch version, its CUDA version, CUDA device 0) or Nones when torch does not import."""
+    try:
+        import torch
+    except Exception:  # ImportError, or a broken install's own error
+        return None, None, None
+    gpu = None
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        gpu = GPU(torch.cuda.get_device_name(0), (int(major), int(minor)))
+    return torch.__version__, torch.version.cuda, gpu
+
+
+def _cxx() -> str | None:
+    """The C++ compiler: $CXX if set, else the first of g++, c++, clang++ on PATH."""
+    if os.environ.get("CXX"):
+        return shutil.which(os.environ["CXX"]) or None
+    for name in ("g++", "c++", "clang++"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _disk_free(path: str | Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _ram_total() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # psutil is a dev dependency; fall back to sysconf
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _te() -> tuple[bool, str]:
+    from .hardware import te_available
+
+    return te_available()
+
+
+def gather_machine(path: str | Path = ".") -> Machine:
+    """Probe this machine; ``path`` is where disk space is measured (the working directory)."""
+    torch_version, torch_cuda, gpu = _torch()
+    preset = os.environ.get("TUTORIAL_PRESET", "").strip().lower() or None
+    return Machine(
+        python=tuple(sys.version_info[:3]),  # type: ignore[arg-type]
+        platform=sys.platform,
+        torch_version=torch_version,
+        torch_cuda=torch_cuda,
+        packages={name: _package_version(name) for name in _PROBED},
+        gpu=gpu,
+        nvidia_smi=shutil.which("nvidia-smi") is not None,
+        cxx=_cxx(),
+        disk_free=_disk_free(path),
+        ram_total=_ram_total(),
+        preset_env=preset,
+        te=_te(),
+        cwd=str(Path(path).resolve()),
+    )
+
+
+# ---- the checks (pure) ----------------------------------------------------------------------
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _check_python(m: Machine) -> Check:
+    version = ".".join(map(str, m.python))
+    if m.python[:2] >= MIN_PYTHON:
+        return Check("Python", OK, version)
+    return Check(
+        "Python", MISSING, f"{version} is older than 3.10",
+        "install Python 3.10 or newer (3.11 is what the book is tested with), then make setup",
+    )  # fmt: skip
+
+
+def _check_torch(m: Machine) -> Check:
+    if m.torch_version is None:
+        return Check("torch", MISSING, "does not import", SETUP_FIX)
+    build = f"CUDA {m.torch_cuda} build" if m.torch_cuda else "CPU build"
+    detail = f"{m.torch_version} ({build})"
+    if _version_tuple(m.torch_version) < MIN_TORCH:
+        return Check("torch", MISSING, f"{detail} is older than 2.6", SETUP_FIX)
+    return Check("torch", OK, detail)
+
+
+def _check_notebook_stack(m: Machine) -> Check:
+    frontends = [n for n in _JUPYTER_FRONTENDS if m.packages.get(n)]
+    missing = [n for n in NOTEBOOK_PACKAGES if not m.packages.get(n)]
+    if not frontends:
+        missing.insert(0, "jupyterlab (or notebook)")
+    if missing:
+        return Check("notebook stack", MISSING, f"missing: {', '.join(missing)}", SETUP_FIX)
+    shown = [*frontends[:1], *NOTEBOOK_PACKAGES]
+    return Check("notebook stack", OK, ", ".join(f"{n} {m.packages[n]}" for n in shown))
+
+
+def _check_triton(m: Machine) -> Check:
+    version = m.packages.get("triton")
+    if version is None:
+        if m.platform.startswith("linux"):
+            return Check(
+                "Triton", MISSING,
+                "not installed (a dependency on Linux; chapter 6's kernels need it)", SETUP_FIX,
+            )  # fmt: skip
+        return Check(
+            "Triton", OPTIONAL,
+            f"no Triton wheel for {m.platform}: chapter 6's kernel cells fail with an error "
+            "saying so; every other cell runs",
+            "for chapter 6's kernels, use a Linux machine",
+        )  # fmt: skip
+    if m.gpu is not None:
+        return Check("Triton", OK, f"{version}: kernels compile for the GPU ({m.gpu.sm})")
+    return Check(
+        "Triton", OK,
+        f"{version}: no CUDA GPU, so the kernels run in Triton's interpreter "
+        "(TRITON_INTERPRET=1): correct but slow",
+    )  # fmt: skip
+
+
+def _check_cxx(m: Machine) -> Check:
+    if m.cxx:
+        return Check("C++ compiler", OK, f"{m.cxx} (torch.compile builds CPU kernels with it)")
+    return Check(
+        "C++ compiler", MISSING,
+        "none found (torch.compile needs one on a CPU: chapters 6 and 7)",
+        "sudo apt-get install g++ (Debian/Ubuntu) or xcode-select --install (macOS)",
+    )  # fmt: skip
+
+
+def _check_disk(m: Machine) -> Check:
+    if m.disk_free is None:
+        return Check("disk", OPTIONAL, f"could not read the free space in {m.cwd}")
+    detail = f"{m.disk_free / _GiB:.1f} GiB free in {m.cwd}"
+    if m.disk_free >= MIN_DISK_BYTES:
+        return Check("disk", OK, detail)
+    return Check(
+        "disk", MISSING, f"{detail}; need at least {MIN_DISK_BYTES // _GiB} GiB",
+        "free up space here (runs write checkpoints, results and torch.compile's cache)",
+    )  # fmt: skip
+
+
+def _check_ram(m: Machine) -> Check:
+    if m.ram_total is None:
+        return Check("RAM", OPTIONAL, "could not read the total memory")
+    detail = f"{m.ram_total / _GiB:.1f} GiB total"
+    if m.ram_total >= MIN_RAM_BYTES:
+        return Check("RAM", OK, detail)
+    return Check(
+        "RAM", MISSING, f"{detail}; need at least {MIN_RAM_BYTES // _GiB} GiB",
+        "use a machine with 8 GiB or more (chapter 8 starts 7 processes, each importing PyTorch)",
+    )  # fmt: skip
+
+
+def _auto_preset(m: Machine) -> tuple[str, str]:
+    """The preset ``config.detect_preset_name`` picks on this machine, and why."""
+    if m.gpu is None:
+        return "ci", "no CUDA GPU"
+    if m.gpu.capability == (9, 0):
+        return "hopper", f"{m.gpu.name} is sm_90"
+    return "ci", f"{m.gpu.name} is {m.gpu.sm}; hopper is picked on sm_90 only"
+
+
+def _check_preset(m: Machine) -> tuple[Check, str]:
+    from .config import PRESETS
+
+    auto, why = _auto_preset(m)
+    if m.preset_env is None:
+        return Check("preset", OK, f"{auto} (auto: {why})"), auto
+    chosen = m.preset_env
+    if chosen not in PRESETS:
+        return Check(
+            "preset", MISSING, f"TUTORIAL_PRESET={chosen!r} is not a preset",
+            f"unset TUTORIAL_PRESET (auto picks {auto} here) or set it to one of "
+            f"{', '.join(PRESETS)}",
+        ), auto  # fmt: skip
+    detail = f"{chosen} (from TUTORIAL_PRESET; auto would pick {auto}: {why})"
+    if chosen == "hopper" and m.gpu is None:
+        return Check(
+            "preset", MISSING,
+            f"{detail}; the hopper sizes take far too long on a CPU",
+            "unset TUTORIAL_PRESET (or export TUTORIAL_PRESET=ci)",
+        ), chosen  # fmt: skip
+    return Check("preset", OK, detail), chosen
+
+
+def _check_gpu(m: Machine) -> Check:
+    if m.gpu is None:
+        if m.nvidia_smi and m.torch_version is not None and m.torch_cuda is None:
+            return Check(
+                "GPU", OPTIONAL,
+                "nvidia-smi finds a GPU, but torch is a CPU build: ci preset on the CPU",
+                "to use the GPU: install a CUDA torch (conda env create -f environment.yml), "
+                "then make setup TORCH=system",
+            )  # fmt: skip
+        return Check("GPU", OK, "none: ci preset on CPU (fine for the workshop)")
+    g = m.gpu
+    if g.capability == (9, 0):
+        return Check("GPU", OK, f"{g.name} ({g.sm}): hopper ready (BF16 and FP8 tensor cores)")
+    if g.capability >= (8, 9):
+        return Check("GPU", OK, f"{g.name} ({g.sm}): runs; BF16 and FP8 tensor cores")
+    if g.capability >= (8, 0):
+        return Check(
+            "GPU", OK,
+            f"{g.name} ({g.sm}): runs; BF16 tensor cores, no FP8 speed "
+            "(FP8 tensor cores need sm_89+, so FP8 is emulated or skipped with the reason)",
+        )  # fmt: skip
+    return Check(
+        "GPU", OK,
+        f"{g.name} ({g.sm}): runs; no BF16 tensor cores (sm_80+) and no FP8 (sm_89+): "
+        "those cells report what they cannot run",
+    )  # fmt: skip
+
+
+def _check_te(m: Machine) -> Check:
+    available, reason = m.te
+    if available:
+        return Check("Transformer Engine", OK, reason)
+    if m.gpu is None:
+        return Check(
+            "Transformer Engine", OPTIONAL,
+            "not available; it needs a CUDA GPU, and the book's TE cells say why they skip",
+        )  # fmt: skip
+    if m.gpu.capability < (8, 9):
+        return Check(
+            "Transformer Engine", OPTIONAL,
+            f"not available; its FP8 needs sm_89+, and this GPU is {m.gpu.sm}",
+        )  # fmt: skip
+    return Check(
+        "Transformer Engine", OPTIONAL,
+        "not available: the te-fp8 cells (chapters 5 to 7) skip with the reason",
+        "optional: see book/te_install.md (NVIDIA's PyTorch container, or pip against your torch)",
+    )  # fmt: skip
+
+
+def evaluate(machine: Machine) -> Readiness:
+    """The readiness report for ``machine``: one ``Check`` per requirement, in a fixed order."""
+    preset_check, preset = _check_preset(machine)
+    checks = (
+        _check_python(machine),
+        _check_torch(machine),
+        _check_notebook_stack(machine),
+        _check_triton(machine),
+        _check_cxx(machine),
+        _check_disk(machine),
+        _check_ram(machine),
+        preset_check,
+        _check_gpu(machine),
+        _check_te(machine),
+    )
+    return Readiness(checks=checks, preset=preset)
+
+
+def check_readiness(path: str | Path = ".") -> Readiness:
+    """``evaluate(gather_machine(path))``: is this machine ready for the workshop?"""
+    return evaluate(gather_machine(path))
+
+
+def format_readiness(report: Readiness) -> str:
+    """The text ``python -m tutorial_lib info`` prints under "ready?"."""
+    lines = ["ready?"]
+    for c in report.checks:
+        lines.append(f"  {c.status:<9} {c.name}: {c.detail}")
+        if c.fix and c.status != OK:
+            lines.append(f"  {'':<9} fix: {c.fix}")
+    lines.append(report.verdict)
+    return "\n".join(lines)
