@@ -55,7 +55,6 @@ setup: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tutorial_lib tests benchmarks scripts book
 	$(VENV)/bin/ruff format --check tutorial_lib tests benchmarks scripts book/_ext
-	$(VPY) scripts/slides.py tag --check book/chapters/*.ipynb
 
 # Build layout. The notebooks run once, under nbmake with --overwrite, in a copy of book/
 # (scripts/stage_book.py); the HTML book and the slides are made from that executed copy.

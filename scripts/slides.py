@@ -18,8 +18,9 @@ Two subcommands:
     and the widget renderer from ``OUT_DIR/_vendor`` (copied from the folder ``make vendor``
     fills from npm): no CDN. MyST syntax that nbconvert's Markdown renderer does not know
     (roles such as ``{cite}`` and directives such as ``{admonition}``) is turned into plain
-    Markdown on the way, and the Exercises cell (a MyST ``{include}``) is left out. An
-    ``index.html`` lists the decks.
+    Markdown on the way, figure captions (cell metadata in the book) are shown under their
+    plots, and the Exercises cell (a MyST ``{include}``) is left out. An ``index.html`` lists
+    the decks.
 """
 
 from __future__ import annotations
@@ -154,9 +155,17 @@ def export_deck(nb_path: Path, out_dir: Path) -> Path:
 
     nb = nbformat.read(nb_path, as_version=4)
     tag(nb)  # an untagged cell would otherwise vanish from the deck
+    cells = []
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = myst_to_markdown(cell.source)
+        cells.append(cell)
+        caption = cell.metadata.get("mystnb", {}).get("figure", {}).get("caption")
+        if cell.cell_type == "code" and caption:  # the book's figure caption, under the plot
+            note = nbformat.v4.new_markdown_cell(f"*{myst_to_markdown(caption.strip())}*")
+            note.metadata["slideshow"] = {"slide_type": "-"}
+            cells.append(note)
+    nb.cells = cells
     c = Config()
     c.TemplateExporter.extra_template_basedirs = [str(TEMPLATE_DIR)]
     c.SlidesExporter.template_name = TEMPLATE_NAME
