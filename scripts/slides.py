@@ -90,6 +90,8 @@ def tag(nb: nbformat.NotebookNode) -> int:
 _ROLE = re.compile(r"\{(\w+(?::\w+)?)\}`([^`]*)`")
 _FENCE = re.compile(r"^(```+|:::+)\{(\w[\w-]*)\}[ \t]*(.*)$")
 _TARGET = re.compile(r"<([^<>]+)>\s*$")
+# A link to another chapter's notebook works in the book and in Jupyter, not next to a deck.
+_NOTEBOOK_LINK = re.compile(r"\[([^\]]+)\]\((?![a-z]+:)[^)\s]*\.ipynb(?:#[^)]*)?\)")
 
 
 def _role_text(role: str, content: str) -> str:
@@ -114,7 +116,8 @@ def myst_to_markdown(text: str) -> str:
     while i < len(lines):
         match = _FENCE.match(lines[i])
         if not match:
-            out.append(_ROLE.sub(lambda m: _role_text(m.group(1), m.group(2)), lines[i]))
+            line = _ROLE.sub(lambda m: _role_text(m.group(1), m.group(2)), lines[i])
+            out.append(_NOTEBOOK_LINK.sub(r"\1", line))
             i += 1
             continue
         fence, name, argument = match.groups()

@@ -124,3 +124,12 @@ def test_bibliography_entries(config: dict[str, Any]) -> None:
         assert re.search(r"^\s*title\s*=", body, re.MULTILINE | re.IGNORECASE), f"{key}: no title"
         year = re.search(r"^\s*year\s*=\s*[{\"]?(\d{4})", body, re.MULTILINE | re.IGNORECASE)
         assert year, f"{key}: no four-digit year"
+
+
+def test_local_extensions_are_configured(config: dict[str, Any]) -> None:
+    extensions = config["sphinx"]["local_extensions"]
+    assert extensions == {"chapter_numbers": "_ext", "offline_pages": "_ext"}
+    for name in extensions:
+        assert (BOOK / "_ext" / f"{name}.py").is_file()
+    # Without a default the theme logs "Got invalid theme mode" on a reader's first visit.
+    assert config["sphinx"]["config"]["html_context"]["default_mode"] in ("light", "dark", "auto")

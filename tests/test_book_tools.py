@@ -74,8 +74,12 @@ def test_myst_roles_become_plain_markdown():
         "See {cite}`micikevicius2022fp8` and {numref}`fig-ch4-histograms`, "
         "{doc}`chapter 2 <02_measuring_honestly>`, {term}`MFU` and {term}`the ridge <ridge point>`."
     )
+    text += (
+        " Back to [chapter 3](03_bf16_mixed_precision.ipynb#formats), see [TE](https://x.ipynb)."
+    )
     out = slides.myst_to_markdown(text)
     assert "{" not in out
+    assert "Back to chapter 3, see [TE](https://x.ipynb)." in out
     assert "[micikevicius2022fp8]" in out
     assert "chapter 2" in out and "MFU" in out and "the ridge" in out
 

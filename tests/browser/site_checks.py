@@ -64,7 +64,9 @@ _FACTS_JS = """
   const clone = article.cloneNode(true);
   clone.querySelectorAll("pre, code, script, style, .math, mjx-container, .highlight")
        .forEach(e => e.remove());
-  const outputImgs = [...article.querySelectorAll(".cell_output img")];
+  // Plots in cell outputs; a widget's own rendering (its saved state) is not a figure.
+  const outputImgs = [...article.querySelectorAll(".cell_output img")].filter(
+    i => !i.closest(".jupyter-widgets"));
   return {
     title: document.title,
     images: imgs,
@@ -87,7 +89,9 @@ _FACTS_JS = """
     widgetViews: article.querySelectorAll(
       'script[type="application/vnd.jupyter.widget-view+json"]').length,
     widgetsRendered: article.querySelectorAll(".jupyter-widgets, .widget-container").length,
-    links: [...article.querySelectorAll("a[href]")].map(a => a.getAttribute("href")),
+    // The text's own links, not the prev/next buttons at the foot of the article.
+    links: [...article.querySelectorAll("a[href]")].filter(a => !a.closest(".prev-next-area"))
+      .map(a => a.getAttribute("href")),
   };
 }
 """

@@ -94,6 +94,12 @@ def test_page(docname, browser, site_url, screenshots):
     uncaptioned = [f["id"] for f in facts["figures"] if not f["caption"]]
     assert not uncaptioned, f"{docname}: figures without captions {uncaptioned}"
     assert facts["exercises"], f"{docname}: no exercises"
+    others = {
+        target
+        for href in facts["links"]
+        if (target := _resolve(url, href)).startswith("chapters/") and target != f"{docname}.html"
+    }
+    assert others, f"{docname}: no cross-reference to another chapter"
     wrong = [t for t in facts["exercises"] if not t.startswith(f"Exercise {chapter}.")]
     assert not wrong, f"{docname}: exercises not numbered per chapter: {wrong}"
     if facts["widgetViews"]:
