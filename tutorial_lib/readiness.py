@@ -293,26 +293,29 @@ def _check_cxx(m: Machine) -> Check:
     )  # fmt: skip
 
 
+def _check_at_least(
+    name: str, have: int | None, need: int, where: str, unread: str, fix: str
+) -> Check:
+    """A resource check: ``have`` bytes (None if unreadable) against ``need`` bytes."""
+    if have is None:
+        return Check(name, OPTIONAL, unread)
+    detail = f"{have / _GiB:.1f} GiB {where}"
+    if have >= need:
+        return Check(name, OK, detail)
+    return Check(name, MISSING, f"{detail}; need at least {need // _GiB} GiB", fix)
+
+
 def _check_disk(m: Machine) -> Check:
-    if m.disk_free is None:
-        return Check("disk", OPTIONAL, f"could not read the free space in {m.cwd}")
-    detail = f"{m.disk_free / _GiB:.1f} GiB free in {m.cwd}"
-    if m.disk_free >= MIN_DISK_BYTES:
-        return Check("disk", OK, detail)
-    return Check(
-        "disk", MISSING, f"{detail}; need at least {MIN_DISK_BYTES // _GiB} GiB",
+    return _check_at_least(
+        "disk", m.disk_free, MIN_DISK_BYTES, f"free in {m.cwd}",
+        f"could not read the free space in {m.cwd}",
         "free up space here (runs write checkpoints, results and torch.compile's cache)",
     )  # fmt: skip
 
 
 def _check_ram(m: Machine) -> Check:
-    if m.ram_total is None:
-        return Check("RAM", OPTIONAL, "could not read the total memory")
-    detail = f"{m.ram_total / _GiB:.1f} GiB total"
-    if m.ram_total >= MIN_RAM_BYTES:
-        return Check("RAM", OK, detail)
-    return Check(
-        "RAM", MISSING, f"{detail}; need at least {MIN_RAM_BYTES // _GiB} GiB",
+    return _check_at_least(
+        "RAM", m.ram_total, MIN_RAM_BYTES, "total", "could not read the total memory",
         "use a machine with 8 GiB or more (chapter 8 starts 7 processes, each importing PyTorch)",
     )  # fmt: skip
 
