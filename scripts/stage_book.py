@@ -28,8 +28,12 @@ _EXECUTE = re.compile(r"^(\s*execute_notebooks:\s*)\S+", re.MULTILINE)
 
 def stage(src: Path, dest: Path) -> Path:
     src, dest = src.resolve(), dest.resolve()
-    if src == dest:
-        raise SystemExit("stage_book: SRC and DEST are the same folder")
+    if not (src / "_config.yml").is_file():
+        raise SystemExit(f"stage_book: {src} is not a Jupyter Book folder (no _config.yml)")
+    if src == dest or dest in src.parents:
+        raise SystemExit(
+            f"stage_book: DEST {dest} holds SRC {src}; replacing it would delete the sources"
+        )
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*SKIP))

@@ -11,7 +11,7 @@ What lands in DEST (``book/_config.yml`` points ``mathjax_path`` and ``nb_ipywid
 - ``html-manager/dist/``: ``embed-amd.js`` from ``@jupyter-widgets/html-manager`` 1.x (renders the
   saved state of ipywidgets 8 statically) and the Font Awesome files it references by relative URL;
 - ``reveal.js/``: reveal.js 4.x (the "white" theme and its fonts, the speaker-notes plugin), for
-  ``make slides`` (see ``scripts/make_slides.py``).
+  ``make slides`` (see ``scripts/slides.py``).
 
 Every package is fetched with ``npm pack`` at a pinned version and checked against a pinned
 sha512 integrity. A stamp file records the pins; when DEST already holds a stamp with the same pins
@@ -97,7 +97,7 @@ PACKAGES: tuple[Package, ...] = (
             "dist/libembed-amd.js",
         ),
     ),
-    # For `make slides` (nbconvert's reveal.js template, see scripts/make_slides.py).
+    # For `make slides` (nbconvert's reveal.js template, see scripts/slides.py).
     Package(
         name="reveal.js",
         version="4.6.0",

@@ -61,6 +61,18 @@ def test_stage_refuses_a_config_without_the_execution_switch(tmp_path):
         stage_book.stage(src, tmp_path / "staged")
 
 
+def test_stage_refuses_to_delete_its_sources(tmp_path):
+    src = tmp_path / "book"
+    (src / "chapters").mkdir(parents=True)
+    (src / "_config.yml").write_text("execute_notebooks: force\n")
+    for dest in (src, tmp_path):
+        with pytest.raises(SystemExit, match="delete the sources"):
+            stage_book.stage(src, dest)
+    with pytest.raises(SystemExit, match="no _config.yml"):
+        stage_book.stage(src / "chapters", tmp_path / "x")
+    assert (src / "_config.yml").is_file()
+
+
 def test_the_real_book_config_can_be_staged():
     text = (ROOT / "book" / "_config.yml").read_text()
     assert len(stage_book._EXECUTE.findall(text)) == 1

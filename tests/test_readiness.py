@@ -67,10 +67,16 @@ def status_of(report: readiness.Readiness) -> dict[str, str]:
 # ---- this machine ---------------------------------------------------------------------------
 
 
-def test_this_machine_is_ready() -> None:
+@pytest.fixture
+def ample_resources(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RAM and free disk vary from machine to machine; the software checks must not."""
+    monkeypatch.setattr(readiness, "_ram_total", lambda: 2 * MIN_RAM_BYTES)
+    monkeypatch.setattr(readiness, "_disk_free", lambda path: 2 * MIN_DISK_BYTES)
+
+
+def test_this_machine_is_ready(ample_resources: None) -> None:
+    """The project's own environment (where these tests run) has everything the book needs."""
     m = gather_machine()
-    if (m.ram_total or 0) < MIN_RAM_BYTES or (m.disk_free or 0) < MIN_DISK_BYTES:
-        pytest.skip("this machine has too little RAM or disk for the workshop")
     report = check_readiness()
     assert report.ready, format_readiness(report)
     for name in ("Python", "torch", "notebook stack", "Triton", "C++ compiler", "preset", "GPU"):
@@ -134,9 +140,9 @@ def test_low_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     report = check_readiness()
     ram = row(report, "RAM")
     assert ram.status == MISSING
-    assert ram.detail == "4.0 GiB total; need at least 8 GiB"
+    assert ram.detail == "4.0 GiB total; need at least 7 GiB"
     assert not report.ready
-    assert report.verdict.startswith("NOT READY: RAM: use a machine with 8 GiB or more")
+    assert report.verdict.startswith("NOT READY: RAM: use a machine with 8 GB or more")
 
 
 def test_ram_without_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,7 +256,7 @@ def test_format_shows_fixes_for_problems_only() -> None:
     assert lines[0] == "ready?"
     assert lines[-1].startswith("NOT READY: RAM:")
     fix_lines = [line for line in lines if line.strip().startswith("fix:")]
-    assert len(fix_lines) == 1 and "8 GiB" in fix_lines[0]
+    assert len(fix_lines) == 1 and "8 GB" in fix_lines[0]
     assert any(line.split()[:2] == ["missing", "RAM:"] for line in lines)
 
 
@@ -263,9 +269,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     return code, out
 
 
-def test_cli_ready(capsys: pytest.CaptureFixture[str]) -> None:
-    if not check_readiness().ready:
-        pytest.skip("this machine is not ready for the workshop")
+def test_cli_ready(ample_resources: None, capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _run(["info"], capsys)
     assert code == 0
     assert "\nready?\n" in out and out.rstrip().splitlines()[-1].startswith("READY for the")
@@ -299,10 +303,9 @@ def test_cli_bad_preset_is_reported_not_raised(
 
 
 def test_cli_strict_in_a_subprocess() -> None:
-    """The real entry point passes the status to the shell."""
-    if not check_readiness().ready:
-        pytest.skip("this machine is not ready for the workshop")
+    """The real entry point passes the status to the shell (whatever this machine's RAM/disk)."""
+    report = check_readiness()
     env_cmd = [sys.executable, "-m", "tutorial_lib", "info", "--strict"]
     done = subprocess.run(env_cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "READY for the workshop" in done.stdout
+    assert done.returncode == (0 if report.ready else 1), done.stdout + done.stderr
+    assert done.stdout.rstrip().splitlines()[-1] == report.verdict

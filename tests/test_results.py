@@ -226,3 +226,15 @@ def test_a_ci_run_on_hopper_is_not_a_hopper_result(tmp_path: Path) -> None:
     rec = latest_hopper_results("precision", tmp_path)
     assert rec is not None and rec["rows"] == [{"policy": "bf16"}]
     assert "preset hopper" in results_label(rec)
+
+
+def test_default_results_dir_does_not_depend_on_the_working_directory(tmp_path, monkeypatch):
+    from tutorial_lib.perf import results
+
+    repo = Path(results.__file__).resolve().parents[2]
+    monkeypatch.delenv(results.RESULTS_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)  # as a notebook running in book/chapters would
+    assert results.default_results_dir() == repo / "benchmarks" / "results"
+    assert results.DEFAULT_DIR.is_absolute()
+    monkeypatch.setenv(results.RESULTS_ENV, str(tmp_path / "elsewhere"))
+    assert results.default_results_dir() == tmp_path / "elsewhere"

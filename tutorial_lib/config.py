@@ -23,6 +23,7 @@ __all__ = [
     "PRESETS",
     "get_preset",
     "detect_preset_name",
+    "preset_for_capability",
 ]
 
 
@@ -190,11 +191,15 @@ PRESETS: dict[str, RunPreset] = {
 }
 
 
+def preset_for_capability(capability: tuple[int, int] | None) -> str:
+    """The preset auto-detection picks for a CUDA compute capability (None: no CUDA GPU)."""
+    return "hopper" if capability == (9, 0) else "ci"
+
+
 def detect_preset_name() -> str:
     """``hopper`` on an sm_90 CUDA device, else ``ci``."""
-    if torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0):
-        return "hopper"
-    return "ci"
+    cuda = torch.cuda.is_available()
+    return preset_for_capability(torch.cuda.get_device_capability(0) if cuda else None)
 
 
 def get_preset(name: str | None = None) -> RunPreset:

@@ -65,6 +65,8 @@ _FACTS_JS = """
   clone.querySelectorAll("pre, code, script, style, .math, mjx-container, .highlight")
        .forEach(e => e.remove());
   // Plots in cell outputs; a widget's own rendering (its saved state) is not a figure.
+  const views = [...article.querySelectorAll(
+    'script[type="application/vnd.jupyter.widget-view+json"]')];
   const outputImgs = [...article.querySelectorAll(".cell_output img")].filter(
     i => !i.closest(".jupyter-widgets"));
   return {
@@ -86,9 +88,9 @@ _FACTS_JS = """
     outputImagesInFigures: outputImgs.filter(i => i.closest("figure")).length,
     exercises: [...article.querySelectorAll(".exercise .admonition-title")].map(
       t => t.innerText.trim()),
-    widgetViews: article.querySelectorAll(
-      'script[type="application/vnd.jupyter.widget-view+json"]').length,
-    widgetsRendered: article.querySelectorAll(".jupyter-widgets, .widget-container").length,
+    widgetViews: views.length,
+    // The renderer puts each view's widget next to its script tag.
+    widgetsRendered: views.filter(v => v.parentElement?.querySelector(".jupyter-widgets")).length,
     // The text's own links, not the prev/next buttons at the foot of the article.
     links: [...article.querySelectorAll("a[href]")].filter(a => !a.closest(".prev-next-area"))
       .map(a => a.getAttribute("href")),
@@ -131,7 +133,12 @@ def visit(browser, url: str, screenshot: Path | None = None) -> PageReport:
         )
         if page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count():
             # The widget manager (RequireJS + embed-amd.js) renders the saved state after load.
-            page.wait_for_selector(".jupyter-widgets", state="attached", timeout=20_000)
+            page.wait_for_function(
+                """() => [...document.querySelectorAll(
+                      'script[type="application/vnd.jupyter.widget-view+json"]')]
+                    .every(v => v.parentElement.querySelector(".jupyter-widgets"))""",
+                timeout=30_000,
+            )
         page.wait_for_load_state("networkidle")
         report.facts = page.evaluate(_FACTS_JS)
         if screenshot is not None:

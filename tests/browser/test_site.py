@@ -103,7 +103,7 @@ def test_page(docname, browser, site_url, screenshots):
     wrong = [t for t in facts["exercises"] if not t.startswith(f"Exercise {chapter}.")]
     assert not wrong, f"{docname}: exercises not numbered per chapter: {wrong}"
     if facts["widgetViews"]:
-        assert facts["widgetsRendered"] >= facts["widgetViews"], (
+        assert facts["widgetsRendered"] == facts["widgetViews"], (
             f"{docname}: {facts['widgetViews']} widgets, {facts['widgetsRendered']} rendered "
             "from the saved state"
         )
@@ -164,6 +164,10 @@ def test_slide_deck(name, browser, slides_url, screenshots):
         raw_tex = page.evaluate(
             "document.querySelector('.reveal .slides').innerText.includes('$$')"
         )
+        math = page.evaluate(
+            "[document.querySelectorAll('mjx-container').length,"
+            " document.querySelectorAll('mjx-merror').length]"
+        )
         page.screenshot(path=str(screenshots / f"slides__{name}.png"))
     finally:
         page.close()
@@ -172,3 +176,4 @@ def test_slide_deck(name, browser, slides_url, screenshots):
     assert total >= 5, f"{name}: only {total} slides"
     assert title.split(".")[0].strip() == str(int(name[:2])), f"{name}: first slide title {title!r}"
     assert not raw_tex, f"{name}: raw $$ math in the slides"
+    assert math[0] > 0 and math[1] == 0, f"{name}: MathJax typeset {math[0]}, errors {math[1]}"

@@ -25,6 +25,7 @@ from ..config import get_preset
 from ..hardware import default_device, describe_device
 
 __all__ = [
+    "default_results_dir",
     "environment_stamp",
     "write_results",
     "write_and_print",
@@ -34,7 +35,23 @@ __all__ = [
     "markdown_table",
 ]
 
-DEFAULT_DIR = "benchmarks/results"
+RESULTS_ENV = "TUTORIAL_RESULTS_DIR"
+
+
+def default_results_dir() -> Path:
+    """Where recorded results live: ``$TUTORIAL_RESULTS_DIR``, else the repository's
+    ``benchmarks/results`` (found from this file, so a notebook running in ``book/chapters``
+    finds it too), else ``benchmarks/results`` under the working directory (a non-editable
+    install, away from the repository)."""
+    if os.environ.get(RESULTS_ENV):
+        return Path(os.environ[RESULTS_ENV])
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "benchmarks").is_dir() and (repo / "tutorial_lib").is_dir():
+        return repo / "benchmarks" / "results"
+    return Path("benchmarks") / "results"
+
+
+DEFAULT_DIR = default_results_dir()
 
 
 def _driver_version() -> str | None:
