@@ -12,6 +12,8 @@ TORCH      ?= auto
 TORCH_CPU_SPEC ?= torch==2.13.0
 PRESET_CI  ?= ci
 JOBS       ?= 2
+HOPPER_PRESET ?= hopper
+RESULTS    ?= benchmarks/results
 
 ifeq ($(TORCH),auto)
   ifneq ($(shell command -v nvidia-smi 2>/dev/null),)
@@ -25,7 +27,8 @@ VPY   := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(TORCH)
 VENV_FLAGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
 
-.PHONY: help setup test lint unit notebooks book html slides executed stage browser-deps lab clean distclean vendor
+.PHONY: help setup test lint unit notebooks book html slides slides-only executed executed-is-current stage browser-deps lab clean distclean vendor \
+        hopper-check
 
 help:
 	@echo "make test    - lint, unit tests, every notebook (ci preset) under nbmake, the HTML book"
@@ -33,6 +36,8 @@ help:
 	@echo "make book    - execute the notebooks (preset auto-detected) and build book/_build/html"
 	@echo "make slides  - one reveal.js deck per chapter in book/_build/slides (offline)"
 	@echo "make lab     - open JupyterLab on book/"
+	@echo "make hopper-check - on one H100/H200: every notebook (nbmake) and every benchmark at the"
+	@echo "               hopper preset, results in $(RESULTS)/ (benchmarks/README.md)"
 	@echo "make clean   - remove build outputs (keeps .venv; 'make distclean' removes it too)"
 	@echo "TORCH=$(TORCH) (auto|cpu|system)"
 
@@ -71,7 +76,7 @@ NB_ENV   := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 TEST_ENV := TUTORIAL_PRESET=$(PRESET_CI) $(NB_ENV)
 NBMAKE   := --nbmake --nbmake-timeout=900 --overwrite
 
-stage: $(STAMP)
+stage: $(STAMP) vendor
 	$(VPY) scripts/stage_book.py book $(STAGE)
 
 # make test: 1. unit tests + every notebook (ci preset) in one pytest run, so its closing
@@ -88,10 +93,13 @@ unit: $(STAMP)
 	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --ignore=tests/browser tests
 
 # Only the notebooks, executed in place of the staged copy (the preset is auto-detected:
-# `hopper` on an sm_90 GPU, `ci` elsewhere; set TUTORIAL_PRESET to choose).
+# `hopper` on an sm_90 GPU, `ci` elsewhere; set TUTORIAL_PRESET to choose). On a GPU machine
+# one notebook runs at a time: two sharing the GPU would publish contended timings.
+NB_JOBS := $(if $(filter system,$(TORCH)),1,$(JOBS))
+
 executed: $(STAMP) stage
 	@rm -f $(EXECUTED)
-	$(NB_ENV) $(VENV)/bin/pytest -n $(JOBS) -p no:cacheprovider $(NBMAKE) $(STAGE)/chapters
+	$(NB_ENV) $(VENV)/bin/pytest -n $(NB_JOBS) -p no:cacheprovider $(NBMAKE) $(STAGE)/chapters
 	@touch $(EXECUTED)
 
 notebooks: executed
@@ -102,16 +110,24 @@ book: $(STAMP) vendor executed
 
 # The HTML from the executed copy; execution is off there. -W: every warning fails the build,
 # -n: so does every broken internal reference.
-html: $(STAMP) vendor
-	@test -f $(EXECUTED) || (echo "html: no executed notebooks in $(STAGE); run 'make book'"; exit 1)
+html: $(STAMP) vendor executed-is-current
+	rm -rf $(BUILD)/html
 	$(VENV)/bin/jupyter-book build --all -W -n --keep-going $(STAGE) --path-output book
 
 slides: $(STAMP) vendor
-	@test -f $(EXECUTED) || $(MAKE) --no-print-directory executed
+	@$(MAKE) --no-print-directory -s executed-is-current 2>/dev/null || $(MAKE) --no-print-directory executed
 	$(MAKE) --no-print-directory slides-only
 
-slides-only:
+slides-only: executed-is-current
 	$(VPY) scripts/slides.py build $(STAGE)/chapters $(BUILD)/slides --vendor book/_vendor
+
+# The executed copy must exist and be newer than every source of the book, or the HTML and the
+# slides would silently show an older version.
+executed-is-current:
+	@test -f $(EXECUTED) || (echo "no executed notebooks in $(STAGE): run 'make book' (or 'make executed')"; exit 1)
+	@stale=$$(find book \( -path book/_build -o -path $(STAGE) -o -path book/_vendor \
+	  -o -name __pycache__ -o -name .ipynb_checkpoints \) -prune -o -type f -newer $(EXECUTED) -print | head -3); \
+	  test -z "$$stale" || (echo "book sources changed since the notebooks were executed ($$stale): run 'make book'"; exit 1)
 
 vendor: $(STAMP)
 	$(VPY) scripts/vendor_js.py book/_vendor
@@ -125,6 +141,12 @@ browser-deps:
 	  $$SUDO apt-get install -y --no-install-recommends chromium \
 	    || { $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium; }; }
 	@test -x $(CHROMIUM) || (echo "no $(CHROMIUM): install Debian's chromium package, or set CHROMIUM=/path/to/chromium"; exit 1)
+
+# Issue 9: the whole book on one Hopper GPU, about 8 minutes (--budget-s 480): the benchmarks
+# and the ladder write into $(RESULTS), then every notebook runs under nbmake; a report
+# hopper_check-$(HOPPER_PRESET).json/.md records the environment and each step's status.
+hopper-check: $(STAMP)
+	$(VPY) scripts/hopper_check.py --preset $(HOPPER_PRESET) --results $(RESULTS)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab book

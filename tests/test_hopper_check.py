@@ -101,14 +101,15 @@ def test_plan_steps_order_commands_and_selection(tmp_path: Path) -> None:
     assert [s.name for s in no_nb if s.skip] == ["notebooks"]
 
 
-def test_step_timeout_keeps_the_later_shares() -> None:
-    # budget 480, weights 1 (this) + 3 (later): the later steps keep 360 s
-    assert hc.step_timeout(480, 480, [3.0], 4.0) == pytest.approx(120)
-    # an earlier step finished early: this one gets the time it left behind
-    assert hc.step_timeout(400, 480, [3.0], 4.0) == pytest.approx(40)
-    assert hc.step_timeout(480, 480, [], 4.0) == 480  # the last step gets everything left
-    assert hc.step_timeout(100, 480, [3.0], 4.0) == hc.MIN_STEP_S  # never below the floor...
-    assert hc.step_timeout(10, 480, [3.0], 4.0) == 10  # ...unless less than that is left
+def test_step_timeout_keeps_the_later_reserves() -> None:
+    # budget 480, later steps reserve 0.25 + 0.5 of it: 360 s kept, the rest is this step's
+    assert hc.step_timeout(480, 480, [0.25, 0.5]) == pytest.approx(120)
+    # an earlier step used 80 s: this one has 40 s, the later reserves are untouched
+    assert hc.step_timeout(400, 480, [0.25, 0.5]) == pytest.approx(40)
+    assert hc.step_timeout(480, 480, []) == 480  # the last step gets everything left
+    assert hc.step_timeout(100, 480, [0.75]) == hc.MIN_STEP_S  # never below the floor...
+    assert hc.step_timeout(10, 480, [0.75]) == 10  # ...unless less than that is left
+    assert sum(hc.RESERVE.values()) < 1  # part of the budget goes to whoever needs it first
 
 
 def test_run_steps_budget_flows_to_later_steps(tmp_path: Path) -> None:
@@ -118,8 +119,9 @@ def test_run_steps_budget_flows_to_later_steps(tmp_path: Path) -> None:
     done = hc.run_steps(steps, "hopper", tmp_path, 580.0, runner, clock)
     assert [r.status for r in done] == ["ok"] * 5
     timeouts = {name: t for name, _, _, t in runner.calls}
-    total = sum(hc.WEIGHTS.values())
-    assert timeouts["precision"] == pytest.approx(580 * hc.WEIGHTS["precision"] / total)
+    later = sum(v for k, v in hc.RESERVE.items() if k != "precision")
+    assert timeouts["precision"] == pytest.approx(580 * (1 - later))
+    assert timeouts["ladder"] == pytest.approx(580 - 15 - 580 * hc.RESERVE["notebooks"])
     # the notebooks, last, get all that is left: 580 s minus the 5 x 3 + 1 used before
     assert timeouts["notebooks"] == pytest.approx(580 - 16)
     nb_argv = runner.calls[-1][1]
