@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from matplotlib.axes import Axes
+from tqdm.auto import tqdm
 
 from .. import kernels
 from ..config import RunPreset
@@ -81,12 +82,12 @@ def op_cases(
 
 
 def time_ops(
-    cases: Sequence[OpCase], device: torch.device, timing: tuple[int, int]
+    cases: Sequence[OpCase], device: torch.device, timing: tuple[int, int], progress: bool = True
 ) -> list[dict[str, Any]]:
     """One row per (op, implementation): time, traffic, GB/s, fraction of the HBM peak."""
     spec = describe_device(device).spec
     rows = []
-    for case in cases:
+    for case in tqdm(cases, desc="ops", unit="op", disable=not progress, dynamic_ncols=True):
         impls: dict[str, Callable[..., Any] | str] = {
             "eager": case.eager,
             "compile": torch.compile(case.eager, dynamic=False),

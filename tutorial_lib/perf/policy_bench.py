@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from ..config import GPTConfig, RunPreset
 from ..data import synthetic_batch
@@ -118,11 +119,12 @@ def benchmark_policies(
     model: str | None = None,
     batch: int | None = None,
     timing: tuple[int, int] | None = None,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     """One row per policy (default: all registered) at the preset's benchmark size.
 
     ``timing`` is (warm-up, timed iterations), default the preset's ``bench_warmup``/``bench_iters``;
-    ``batch`` defaults to the preset's ``bench_batch_size``.
+    ``batch`` defaults to the preset's ``bench_batch_size``. ``progress`` shows a bar per policy.
     """
     if model is not None:
         preset = dataclasses.replace(preset, model=model)
@@ -131,4 +133,9 @@ def benchmark_policies(
     timing = timing or (preset.bench_warmup, preset.bench_iters)
     dev = torch.device(device) if device is not None else default_device()
     names = list(policies) if policies is not None else available_policies()
-    return [run_policy(n, preset, cfg, batch, timing, dev) for n in names]
+    bar = tqdm(names, desc="policies", unit="policy", disable=not progress, dynamic_ncols=True)
+    rows = []
+    for name in bar:
+        bar.set_postfix_str(name)
+        rows.append(run_policy(name, preset, cfg, batch, timing, dev))
+    return rows
