@@ -87,7 +87,7 @@ test: $(STAMP) lint vendor browser-deps stage
 	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) $(NBMAKE) --ignore=tests/browser tests $(STAGE)/chapters
 	@touch $(EXECUTED)
 	$(MAKE) --no-print-directory html slides-only
-	$(TEST_ENV) $(VENV)/bin/pytest -p no:cacheprovider tests/browser
+	$(TEST_ENV) CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest -p no:cacheprovider tests/browser
 
 unit: $(STAMP)
 	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --ignore=tests/browser tests
@@ -138,8 +138,9 @@ browser-deps:
 	@test -x $(CHROMIUM) || { \
 	  echo "installing Debian's chromium for the browser test"; \
 	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
-	  $$SUDO apt-get install -y --no-install-recommends chromium \
-	    || { $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium; }; }
+	  APT="$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get"; \
+	  $$APT install -y --no-install-recommends chromium \
+	    || { $$APT update && $$APT install -y --no-install-recommends chromium; }; }
 	@test -x $(CHROMIUM) || (echo "no $(CHROMIUM): install Debian's chromium package, or set CHROMIUM=/path/to/chromium"; exit 1)
 
 # Issue 9: the whole book on one Hopper GPU, about 8 minutes (--budget-s 480): the benchmarks
