@@ -153,10 +153,10 @@ def _torch() -> tuple[str | None, str | None, GPU | None]:
         import torch
     except Exception:  # ImportError, or a broken install's own error
         return None, None, None
-    gpu = None
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability(0)
-        gpu = GPU(torch.cuda.get_device_name(0), (int(major), int(minor)))
+    from .hardware import cuda_capability
+
+    found = cuda_capability("cuda:0") if torch.cuda.is_available() else None
+    gpu = GPU(*found) if found else None
     return torch.__version__, torch.version.cuda, gpu
 
 

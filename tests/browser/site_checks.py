@@ -99,10 +99,12 @@ _FACTS_JS = """
 """
 
 
-def visit(browser, url: str, screenshot: Path | None = None) -> PageReport:
-    """Open ``url`` in a fresh page, wait for math and widgets, and collect what it shows."""
-    report = PageReport(url)
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+MATHJAX_DONE_JS = "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null"
+
+
+def watch(page, report: PageReport) -> None:
+    """Record ``page``'s console errors, failed loads and HTTP errors into ``report``, and block
+    (and record) every request that leaves localhost."""
     page.on(
         "console",
         lambda msg: report.console_errors.append(msg.text) if msg.type == "error" else None,
@@ -126,11 +128,28 @@ def visit(browser, url: str, screenshot: Path | None = None) -> PageReport:
             r.abort()
 
     page.route("**/*", route)
+
+
+def settle(report: PageReport) -> PageReport:
+    """Report each failure once: blocked requests also fail, and a 404 also prints "Failed to
+    load resource" on the console (``failed_requests`` names the URL)."""
+    report.failed_requests = [
+        u for u in report.failed_requests if u not in report.external_requests
+    ]
+    report.console_errors = [
+        e for e in report.console_errors if not e.startswith("Failed to load resource")
+    ]
+    return report
+
+
+def visit(browser, url: str, screenshot: Path | None = None) -> PageReport:
+    """Open ``url`` in a fresh page, wait for math and widgets, and collect what it shows."""
+    report = PageReport(url)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    watch(page, report)
     try:
         page.goto(url, wait_until="load")
-        page.evaluate(
-            "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null"
-        )
+        page.evaluate(MATHJAX_DONE_JS)
         if page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count():
             # The widget manager (RequireJS + embed-amd.js) renders the saved state after load.
             page.wait_for_function(
@@ -145,12 +164,4 @@ def visit(browser, url: str, screenshot: Path | None = None) -> PageReport:
             page.screenshot(path=str(screenshot), full_page=True)
     finally:
         page.close()
-    # Blocked external requests also show up as failed ones; report them once.
-    report.failed_requests = [
-        u for u in report.failed_requests if u not in report.external_requests
-    ]
-    # A 404 also prints "Failed to load resource" on the console; failed_requests names the URL.
-    report.console_errors = [
-        e for e in report.console_errors if not e.startswith("Failed to load resource")
-    ]
-    return report
+    return settle(report)

@@ -15,12 +15,16 @@ import nbformat
 import pytest
 from site_checks import (
     CHAPTER_NOTEBOOKS,
+    MATHJAX_DONE_JS,
     RAW_TEX,
     SITE,
     SLIDES,
+    PageReport,
     chapter_number,
+    settle,
     toc_pages,
     visit,
+    watch,
 )
 
 PAGES = toc_pages()
@@ -139,25 +143,13 @@ def test_slide_deck(name, browser, slides_url, screenshots):
     """`make slides` decks open offline, start reveal.js, and render their math."""
     deck = SLIDES / f"{name}.slides.html"
     assert deck.is_file(), f"no slide deck {deck}: run `make slides`"
+    report = PageReport(f"{slides_url}{deck.name}")
     page = browser.new_page(viewport={"width": 1280, "height": 800})
-    errors, external = [], []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
-
-    def route(r):
-        if r.request.url.startswith("http://127.0.0.1"):
-            r.continue_()
-        else:
-            external.append(r.request.url)
-            r.abort()
-
-    page.route("**/*", route)
+    watch(page, report)
     try:
-        page.goto(f"{slides_url}{deck.name}", wait_until="load")
+        page.goto(report.url, wait_until="load")
         page.wait_for_function("window.slidesReady === true", timeout=20_000)
-        page.evaluate(
-            "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null"
-        )
+        page.evaluate(MATHJAX_DONE_JS)
         total = page.evaluate("Reveal.getTotalSlides()")
         title = page.evaluate(
             "document.querySelector('.reveal .slides section h1')?.innerText ?? ''"
@@ -172,8 +164,10 @@ def test_slide_deck(name, browser, slides_url, screenshots):
         page.screenshot(path=str(screenshots / f"slides__{name}.png"))
     finally:
         page.close()
-    assert not errors, f"{name}: console errors {errors}"
-    assert not external, f"{name}: loads from outside: {external}"
+    settle(report)
+    assert not report.console_errors, f"{name}: console errors {report.console_errors}"
+    assert not report.external_requests, f"{name}: loads from outside: {report.external_requests}"
+    assert not report.failed_requests, f"{name}: failed to load {report.failed_requests}"
     assert total >= 5, f"{name}: only {total} slides"
     assert title.split(".")[0].strip() == str(int(name[:2])), f"{name}: first slide title {title!r}"
     assert not raw_tex, f"{name}: raw $$ math in the slides"
