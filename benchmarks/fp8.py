@@ -4,11 +4,12 @@
                              [--iters N] [--out DIR]
 
 (a) ``fp8_gemm``: for each hidden size h, an MLP up-projection GEMM (tokens x h) @ (h x 4h),
-    timed with ``perf.benchmark`` three ways: BF16 ``torch.matmul``; FP8 ``torch._scaled_mm``
-    (E4M3 operands, unit inverse scales, BF16 output; on CUDA the second operand column-major);
-    and the cast of both BF16 operands to E4M3 (``fp8.formats.quantize``), which FP8 pays and
-    BF16 does not. One row per (h, op). On a CUDA GPU below sm_89 the FP8 row is skipped with
-    the reason. On a CPU every row runs and carries a ``note``: nothing there is a tensor core.
+    timed with ``perf.benchmark`` three ways: BF16 ``torch.matmul``; the FP8 GEMM
+    ``fp8.scaled_gemm`` (E4M3 operands, unit inverse scales, BF16 output): ``torch._scaled_mm``
+    on FP8 tensor cores, the exact FP32 emulation on a CPU; and the cast of both BF16 operands to
+    E4M3 (``fp8.formats.quantize``), which FP8 pays and BF16 does not. One row per (h, op). On a
+    CUDA GPU below sm_89 the FP8 row is skipped with the reason. On a CPU every row runs and
+    carries a ``note``: nothing there is a tensor core.
 (b) ``fp8_train``: one full training step of the preset's model under ``bf16``, ``fp8`` and
     ``te-fp8`` (``perf.benchmark_policies``); a policy this machine cannot run (``te-fp8``
     without Transformer Engine) is a row with ``skipped`` and the reason.
@@ -30,6 +31,7 @@ import torch
 
 from tutorial_lib.config import RunPreset, get_preset
 from tutorial_lib.fp8.formats import E4M3, quantize
+from tutorial_lib.fp8.linear import scaled_gemm
 from tutorial_lib.hardware import default_device, describe_device, fp8_gemm_status
 from tutorial_lib.perf import (
     BenchResult,
@@ -42,15 +44,16 @@ from tutorial_lib.perf import (
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-# preset -> (hidden sizes, tokens) of the GEMM sweep. BF16 is ~1 GFLOP/s on the CI CPU.
+# preset -> (hidden sizes, tokens) of the GEMM sweep. Small at ci: CPUs without BF16 matrix
+# instructions run BF16 GEMMs at a few GFLOP/s.
 GEMM_DEFAULTS: dict[str, tuple[tuple[int, ...], int]] = {
     "ci": ((128, 256, 512), 256),
     "hopper": ((1024, 2048, 4096, 8192), 16384),
 }
 TRAIN_POLICIES = ("bf16", "fp8", "te-fp8")
 CPU_NOTES = {
-    "bf16 matmul": "CPU: no BF16 matrix units here; not a tensor-core result",
-    "fp8 _scaled_mm": "CPU: _scaled_mm computes in FP32; not an FP8 tensor-core result",
+    "bf16 matmul": "CPU: not a tensor-core result",
+    "fp8 gemm": "CPU: exact emulation (dequantize, FP32 matmul); not an FP8 tensor-core result",
     "fp8 cast": "CPU: a CPU cast; not a GPU result",
 }
 
@@ -84,7 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def fp8_skip_reason(device: torch.device, tokens: int, h: int) -> str | None:
     """Why an FP8 GEMM of this shape cannot run on ``device``'s tensor cores, or None."""
     if device.type != "cuda":
-        return None  # the CPU runs _scaled_mm (in FP32): the row runs, with a note
+        return None  # the CPU runs the exact emulation: the row runs, with a note
     ok, reason = fp8_gemm_status(device)
     if not ok:
         return reason
@@ -122,14 +125,14 @@ def _fp8_rows(
         b8 = b8.t().contiguous().t()  # cuBLASLt's FP8 GEMM wants the second operand column-major
 
     def fp8_gemm() -> torch.Tensor:
-        return torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        return scaled_gemm(a8, one, b8, one, None, torch.bfloat16)
 
     def cast() -> tuple[torch.Tensor, torch.Tensor]:
         return quantize(a, E4M3, one), quantize(b, E4M3, one)
 
     t_fp8 = benchmark(fp8_gemm, *timing, device)
     t_cast = benchmark(cast, *timing, device)
-    fp8 = {**_row("fp8 _scaled_mm", tokens, h, t_fp8, device),
+    fp8 = {**_row("fp8 gemm", tokens, h, t_fp8, device),
            "tflops": 8.0 * tokens * h * h / t_fp8.median / 1e12}  # fmt: skip
     if device.type == "cuda":  # on a CPU the ratio compares two emulations: left out
         fp8["speedup_vs_bf16"] = t_bf16.median / t_fp8.median
@@ -153,7 +156,7 @@ def gemm_rows(
     reason = fp8_skip_reason(device, tokens, h)
     if reason is None:
         return [bf16, *_fp8_rows(a, b, t_bf16, timing)]
-    skipped = {"op": "fp8 _scaled_mm", "h": h, "m": tokens, "n": 4 * h, "k": h, "skipped": reason}
+    skipped = {"op": "fp8 gemm", "h": h, "m": tokens, "n": 4 * h, "k": h, "skipped": reason}
     return [bf16, skipped]
 
 
@@ -162,7 +165,7 @@ def train_rows(preset: RunPreset, device: torch.device, timing: tuple[int, int])
     rows = benchmark_policies(preset, device=device, policies=list(TRAIN_POLICIES), timing=timing)
     for row in rows:
         if device.type == "cpu" and row["policy"] == "fp8" and "skipped" not in row:
-            extra = "FP8 GEMMs emulated (torch._scaled_mm computes in FP32 on a CPU)"
+            extra = "FP8 GEMMs emulated exactly in FP32 on a CPU"
             row["note"] = f"{row['note']}; {extra}" if row.get("note") else extra
     return rows
 

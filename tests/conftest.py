@@ -26,6 +26,33 @@ torch.set_num_threads(1)
 TINY = GPTConfig(vocab_size=256, block_size=29, n_layer=2, n_head=3, n_embd=36)
 
 
+class CPUScaledMMError(AssertionError):
+    """A CPU code path called ``torch._scaled_mm``."""
+
+
+_REAL_SCALED_MM = torch._scaled_mm
+
+
+def _scaled_mm_guard(*args: object, **kwargs: object) -> torch.Tensor:
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    if any(t.device.type == "cpu" for t in tensors):
+        raise CPUScaledMMError(
+            "torch._scaled_mm was called on CPU tensors. Its CPU kernel is ~1000x slower than an "
+            "FP32 matmul on some CPUs (AMX Xeons); CPU paths must use fp8.emulated_gemm. A test "
+            "that compares against it on purpose is marked @pytest.mark.cpu_scaled_mm."
+        )
+    return _REAL_SCALED_MM(*args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def no_cpu_scaled_mm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test fails if anything calls ``torch._scaled_mm`` on the CPU, so the slow kernel
+    cannot come back on the CPU kind where it costs minutes, unless the test is marked
+    ``cpu_scaled_mm`` (a small reference comparison)."""
+    if request.node.get_closest_marker("cpu_scaled_mm") is None:
+        monkeypatch.setattr(torch, "_scaled_mm", _scaled_mm_guard)
+
+
 @pytest.fixture(scope="session")
 def corpus() -> bytes:
     """200 KB of the standard library's sources (the default corpus, truncated)."""

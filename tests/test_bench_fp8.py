@@ -19,7 +19,7 @@ from tutorial_lib.hardware import te_available
 # Widths multiples of 16 (FP8Linear's rule): 1 layer, 2 heads of 8, context 16, vocab 64.
 BENCH_TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)
 ON_CPU = not torch.cuda.is_available()
-FP8_CPU_NOTE = "CPU: _scaled_mm computes in FP32; not an FP8 tensor-core result"
+FP8_CPU_NOTE = "CPU: exact emulation (dequantize, FP32 matmul); not an FP8 tensor-core result"
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_gemm_rows(run: tuple[dict, dict, str]) -> None:
     assert gemm["meta"]["tokens"] == 32 and gemm["meta"]["sizes"] == [16, 32]
     assert (gemm["meta"]["warmup"], gemm["meta"]["iters"]) == (1, 1)
     ops = [(row["op"], row["h"]) for row in gemm["rows"]]
-    expected_ops = ["bf16 matmul", "fp8 _scaled_mm", "fp8 cast"]
+    expected_ops = ["bf16 matmul", "fp8 gemm", "fp8 cast"]
     if ON_CPU:
         assert ops == [(op, h) for h in (16, 32) for op in expected_ops]
     for row in gemm["rows"]:
@@ -77,7 +77,7 @@ def test_gemm_rows(run: tuple[dict, dict, str]) -> None:
 def test_cpu_rows_say_they_are_cpu_results(run: tuple[dict, dict, str]) -> None:
     gemm, _, _ = run
     assert all(row["note"].startswith("CPU:") for row in gemm["rows"])
-    fp8 = [row for row in gemm["rows"] if row["op"] == "fp8 _scaled_mm"]
+    fp8 = [row for row in gemm["rows"] if row["op"] == "fp8 gemm"]
     assert fp8 and all(row["note"] == FP8_CPU_NOTE for row in fp8)
     assert all("speedup_vs_bf16" not in row for row in fp8)  # no CPU-vs-CPU FP8 "speedup"
 

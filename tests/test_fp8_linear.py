@@ -17,7 +17,9 @@ from tutorial_lib.fp8 import (
     autocast,
     convert_to_fp8,
     dequantize,
+    emulated_gemm,
     quantize,
+    scaled_gemm,
 )
 from tutorial_lib.fp8.autocast import FP8AutocastState
 
@@ -139,7 +141,7 @@ def test_cuda_without_fp8_refuses_unless_emulation_is_asked(
     assert FP8Linear(16, 16, emulate=True)._resolve_emulate(cuda, state)
     _fake_gpu(monkeypatch, (9, 0))
     assert layer._resolve_emulate(cuda, state) is False  # Hopper: real FP8 GEMMs
-    assert layer._resolve_emulate(torch.device("cpu"), state) is False  # CPU: _scaled_mm
+    assert layer._resolve_emulate(torch.device("cpu"), state) is True  # CPU: always emulated
 
 
 # ---- state -----------------------------------------------------------------------------------
@@ -239,3 +241,51 @@ def test_outside_fp8_bit_equal_to_f_linear_after_training() -> None:
         layer(torch.randn(8, 48)).sum().backward()
     x = torch.randn(8, 48)
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+# ---- the CPU GEMM: an exact emulation, never torch._scaled_mm -------------------------------
+_REAL_SCALED_MM = torch._scaled_mm  # imported before the conftest guard patches it per test
+
+
+@pytest.mark.cpu_scaled_mm
+@pytest.mark.parametrize("m,k,n", [(5, 123, 37), (16, 48, 80), (1, 17, 3), (40, 64, 33)])
+@pytest.mark.parametrize("a_fmt,b_fmt", [(E4M3, E4M3), (E5M2, E4M3)])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_cpu_gemm_agrees_with_scaled_mm(
+    m: int, k: int, n: int, a_fmt: object, b_fmt: object, out_dtype: torch.dtype
+) -> None:
+    """The emulation (dequantize, float32 matmul) against torch's own FP8 GEMM on odd shapes,
+    both operand formats, non-power-of-two scales, with a bias: equal to float32 rounding."""
+    g = torch.Generator().manual_seed(m * k * n)
+    a_scale, b_scale = torch.tensor(37.3), torch.tensor(0.81)
+    a = quantize(torch.randn(m, k, generator=g) * 3, a_fmt, a_scale)
+    b = quantize(torch.randn(n, k, generator=g), b_fmt, b_scale).t()  # (k, n), column-major
+    bias = torch.randn(n, generator=g).to(out_dtype)
+    a_inv, b_inv = 1 / a_scale, 1 / b_scale
+    ours = emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
+    torch_ = _REAL_SCALED_MM(a, b, scale_a=a_inv, scale_b=b_inv, bias=bias, out_dtype=out_dtype)
+    assert ours.dtype == torch_.dtype == out_dtype and ours.shape == (m, n)
+    exact = dequantize(a, a_inv, torch.float64) @ dequantize(b, b_inv, torch.float64)
+    exact = exact + bias.double()
+    # float32 accumulation over k terms: each side is within k * eps32 * sum|a||b| of the exact
+    # result; a bf16 output adds one rounding of at most half a bf16 ulp (2^-8 relative).
+    magnitude = (
+        dequantize(a, a_inv, torch.float64).abs() @ dequantize(b, b_inv, torch.float64).abs()
+    )
+    bound = k * 2.0**-23 * (magnitude + bias.double().abs())
+    if out_dtype == torch.bfloat16:
+        bound = bound + 2.0**-8 * exact.abs()
+    for got in (ours, torch_):
+        assert ((got.double() - exact).abs() <= bound).all()
+    assert ((ours.double() - torch_.double()).abs() <= 2 * bound).all()
+
+
+def test_scaled_gemm_on_cpu_is_the_emulation() -> None:
+    """``scaled_gemm`` on CPU tensors takes the emulated path (bitwise), whatever ``emulate``."""
+    g = torch.Generator().manual_seed(3)
+    a = quantize(torch.randn(32, 48, generator=g), E4M3, torch.tensor(2.0))
+    b = quantize(torch.randn(48, 16, generator=g), E4M3, torch.tensor(4.0))
+    inv = torch.tensor(0.5), torch.tensor(0.25)
+    want = emulated_gemm(a, inv[0], b, inv[1], None, torch.bfloat16)
+    for emulate in (False, True):
+        assert torch.equal(scaled_gemm(a, inv[0], b, inv[1], None, torch.bfloat16, emulate), want)

@@ -119,3 +119,25 @@ def test_cli_trains_with_fp8(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert (out / "checkpoint.pt").exists()
     state = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
     assert any(key.endswith("fp8_scale_fwd") for key in state)
+
+
+def test_no_cpu_training_path_calls_scaled_mm(
+    monkeypatch: pytest.MonkeyPatch, data: Callable[[], TokenData]
+) -> None:
+    """FP8 training on the CPU, forward and backward, never reaches ``torch._scaled_mm`` (whose
+    CPU kernel takes minutes per step on some CPUs); its GEMMs do run in FP8 (histories fill)."""
+    calls: list[str] = []
+
+    def record(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append("_scaled_mm")
+        raise AssertionError("torch._scaled_mm called on a CPU training path")
+
+    monkeypatch.setattr(torch, "_scaled_mm", record)
+    torch.manual_seed(0)
+    trainer = _trainer(GPT(CFG), data(), "fp8", steps=2)
+    trainer.train()
+    fp8_layers = [m for m in trainer.model.modules() if isinstance(m, FP8Linear)]
+    assert fp8_layers and calls == []
+    for layer in fp8_layers:  # forward (input, weight) and backward (grad_output) amaxes
+        assert (layer.fp8_amax_history_fwd[:, :2] > 0).any(dim=0).all()
+        assert (layer.fp8_amax_history_bwd[:, 0] > 0).any()

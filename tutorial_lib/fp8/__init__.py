@@ -2,8 +2,9 @@
 
 Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (the
 ``DelayedScaling`` recipe, per-module state, the update rule, amax reduction), ``stats``
-(quantization statistics and capture of a model's GEMM operands), ``linear`` (``FP8Linear`` on
-``torch._scaled_mm``, ``convert_to_fp8``), ``autocast`` (the FP8 region, named and behaving like
+(quantization statistics and capture of a model's GEMM operands), ``linear`` (``FP8Linear``,
+``scaled_gemm``: ``torch._scaled_mm`` on FP8 GPUs, an exact FP32 emulation elsewhere;
+``convert_to_fp8``), ``autocast`` (the FP8 region, named and behaving like
 ``transformer_engine.pytorch.autocast``), ``policy`` (the ``fp8`` precision policy), and
 ``te_backend`` (the optional Transformer Engine backend and the ``te-fp8`` and ``te-fp8-fused``
 policies). Importing this package registers ``fp8``, ``te-fp8`` and ``te-fp8-fused`` in
@@ -24,7 +25,14 @@ from .formats import (
     quantize,
     representable_values,
 )
-from .linear import FP8_MIN_CC, FP8Linear, convert_to_fp8, fp8_layer_problems
+from .linear import (
+    FP8_MIN_CC,
+    FP8Linear,
+    convert_to_fp8,
+    emulated_gemm,
+    fp8_layer_problems,
+    scaled_gemm,
+)
 from .policy import (
     FP8_LOSS_TOLERANCE,
     FP8_POLICY_NAME,
@@ -92,6 +100,8 @@ __all__ = [
     "is_fp8_enabled",
     # linear
     "FP8Linear",
+    "scaled_gemm",
+    "emulated_gemm",
     "FP8_MIN_CC",
     "convert_to_fp8",
     "fp8_layer_problems",

@@ -13,17 +13,20 @@ As in TE, the output's amax (column GEMM1_OUTPUT) is recorded only when the outp
 and grad_input's (GRAD_INPUT1) only when grad_input is FP8; here neither is, so those columns
 stay zero and their scales stay 1.
 
-Where the GEMMs run:
+Where the GEMMs run (``scaled_gemm``):
     CUDA sm_89+   ``torch._scaled_mm`` (FP8 tensor cores; the second operand made column-major).
                   A GEMM with a dimension that is not a multiple of 16 (``_scaled_mm``'s rule;
                   TE asks only 8 of the token count) runs on the emulation path instead.
     CUDA < sm_89  a RuntimeError, unless emulation was asked for (``emulate=True`` on the
                   module, the ``autocast`` or the ``fp8`` policy): never a silent fallback.
-    CPU           no FP8 units: ``torch._scaled_mm`` on the CPU accepts any layout and computes
-                  in float32 internally, i.e. it *is* an emulation; ``emulate=True`` selects the
-                  explicit path below. Both agree to float32 rounding.
-    emulation     dequantize both operands to float32 (exact: FP8 values times a float32
-                  scale), float32 matmul, add bias, round to the output dtype.
+    CPU           always the emulation. A CPU has no FP8 units, and ``torch._scaled_mm``'s CPU
+                  kernel is itself an emulation whose speed depends on the CPU (on some Xeons it
+                  is about 1000x slower than an FP32 matmul of the same shape), so it is never
+                  called on a CPU: an FP8 step costs about an FP32 step plus the casts.
+    emulation     dequantize both operands to float32 (exact: an FP8 value times a float32 scale
+                  is a float32 number), float32 matmul, add bias, round to the output dtype. It
+                  agrees with ``torch._scaled_mm`` to float32 rounding (tested); a GPU's FP8
+                  tensor cores accumulate differently (their own rounding), not more exactly.
 
 State: the forward/backward scaling state lives in six float32 buffers (``fp8_amax_history_fwd``
 (L, 3), ``fp8_scale_fwd`` (3,), ``fp8_scale_inv_fwd`` (3,) and the ``_bwd`` ones with 2 columns),
@@ -51,7 +54,9 @@ __all__ = [
     "FP8_MIN_CC",
     "convert_to_fp8",
     "convertible_linears",
+    "emulated_gemm",
     "fp8_layer_problems",
+    "scaled_gemm",
 ]
 
 FP8_MIN_CC = (8, 9)  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90)
@@ -65,24 +70,37 @@ _STAT_SLOTS = {"input": ("forward", GEMM1_INPUT), "weight": ("forward", GEMM1_WE
 
 
 # ---- GEMMs -------------------------------------------------------------------------------------
-def _gemm(
+def scaled_gemm(
     a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
-    bias: torch.Tensor | None, out_dtype: torch.dtype, emulate: bool,
+    bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
+    emulate: bool = False,
 ) -> torch.Tensor:  # fmt: skip
-    """``(a * a_inv) @ (b * b_inv) + bias`` for FP8 ``a`` (M, K), ``b`` (K, N); see module doc."""
-    if not emulate and a.is_cuda and any(d % 16 for d in (*a.shape, b.shape[1])):
-        emulate = True  # _scaled_mm needs every dimension divisible by 16 on CUDA
+    """``(a * a_inv) @ (b * b_inv) + bias`` for FP8 ``a`` (M, K), ``b`` (K, N), in ``out_dtype``.
+
+    ``a_inv``/``b_inv`` are the scale inverses (0-d float32). On CUDA: ``torch._scaled_mm``
+    unless ``emulate`` or a dimension is not a multiple of 16; elsewhere the emulation
+    (module docstring), whose speed is that of a float32 matmul on the device at hand.
+    """
+    if not a.is_cuda or any(d % 16 for d in (*a.shape, b.shape[1])):
+        emulate = True  # no FP8 units (CPU), or _scaled_mm's divisible-by-16 rule on CUDA
     if emulate:
-        out = dequantize(a, a_inv) @ dequantize(b, b_inv)
-        return (out if bias is None else out + bias.float()).to(out_dtype)
-    if not a.is_cuda:
-        return torch._scaled_mm(a, b, scale_a=a_inv, scale_b=b_inv, bias=bias, out_dtype=out_dtype)
+        return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
     fused = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
     out = torch._scaled_mm(
         a.contiguous(), b.t().contiguous().t(), scale_a=a_inv, scale_b=b_inv,
         bias=bias if fused else None, out_dtype=out_dtype,
     )  # fmt: skip
     return out + bias if bias is not None and not fused else out
+
+
+def emulated_gemm(
+    a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
+    bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:  # fmt: skip
+    """The FP8 GEMM without FP8 units: dequantize both operands to float32 (exact), float32
+    matmul (float32 accumulation), add bias in float32, round once to ``out_dtype``."""
+    out = dequantize(a, a_inv) @ dequantize(b, b_inv)
+    return (out if bias is None else out + bias.float()).to(out_dtype)
 
 
 class _FP8LinearFunction(torch.autograd.Function):
@@ -100,7 +118,7 @@ class _FP8LinearFunction(torch.autograd.Function):
             x_fp8, x_inv = module._quantize("input", x2, fmt, fp8.collect_stats)
             w_fp8, w_inv = module._quantize("weight", weight, fmt, fp8.collect_stats)
             b = None if bias is None else bias.to(out_dtype)
-            out = _gemm(x_fp8, x_inv, w_fp8.t(), w_inv, b, out_dtype, emulate)
+            out = scaled_gemm(x_fp8, x_inv, w_fp8.t(), w_inv, b, out_dtype, emulate)
         ctx.save_for_backward(x_fp8, w_fp8, x_inv, w_inv)
         ctx.module, ctx.fp8, ctx.step, ctx.emulate = module, fp8, step, emulate
         ctx.x_shape, ctx.x_dtype, ctx.out_dtype = x.shape, x.dtype, out_dtype
@@ -115,12 +133,13 @@ class _FP8LinearFunction(torch.autograd.Function):
         with torch.autocast(grad_out.device.type, enabled=False):
             g = grad_out.reshape(-1, grad_out.shape[-1])
             fmt, stats = ctx.fp8.recipe.bwd_format, ctx.fp8.collect_stats
+            emulate = ctx.emulate
             g_fp8, g_inv = ctx.module._quantize("grad_output", g, fmt, stats)
             if need_x:
-                dgrad = _gemm(g_fp8, g_inv, w_fp8, w_inv, None, ctx.out_dtype, ctx.emulate)
+                dgrad = scaled_gemm(g_fp8, g_inv, w_fp8, w_inv, None, ctx.out_dtype, emulate)
                 dgrad = dgrad.reshape(ctx.x_shape).to(ctx.x_dtype)
             if need_w:
-                wgrad = _gemm(g_fp8.t(), g_inv, x_fp8, x_inv, None, torch.float32, ctx.emulate)
+                wgrad = scaled_gemm(g_fp8.t(), g_inv, x_fp8, x_inv, None, torch.float32, emulate)
                 wgrad = wgrad.to(ctx.w_dtype)
             if need_b and ctx.b_dtype is not None:
                 bgrad = g.float().sum(0).to(ctx.b_dtype)
@@ -139,7 +158,7 @@ class FP8Linear(nn.Linear):
         amax_history_len: rows of the scaling history; it follows the recipe of the region it
             runs in (truncated or zero-padded, as TE's ``adjust_amax_history_length``).
         emulate: True allows the exact emulation path on CUDA GPUs without FP8 tensor cores
-            (and selects it on the CPU); None defers to ``autocast(emulate=...)``.
+            (a CPU always emulates); None defers to ``autocast(emulate=...)``.
         collect_stats: record ``fp8_stats()`` at every quantize (costs a few passes per tensor).
     Shapes (TE's rules): in_features and out_features multiples of 16; in FP8, the product of
         the input's leading dimensions (tokens) a multiple of 8. Else a ValueError naming the
@@ -265,8 +284,8 @@ class FP8Linear(nn.Linear):
     def _resolve_emulate(self, device: torch.device, fp8: FP8AutocastState) -> bool:
         emulate = self.emulate if self.emulate is not None else bool(fp8.emulate)
         gpu = cuda_capability(device)
-        if gpu is None or emulate:
-            return emulate
+        if gpu is None or emulate:  # a CPU (or any non-CUDA device) always emulates
+            return True
         name, cc = gpu
         if cc < FP8_MIN_CC:
             raise RuntimeError(
