@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tutorial_lib.__main__ import main
 from tutorial_lib.train import load_checkpoint
@@ -40,6 +41,7 @@ def test_info_text(capsys: pytest.CaptureFixture[str]) -> None:
     for prefix in ("device:", "spec:", "preset:  ci", "FP8 GEMMs:", "Transformer Engine:"):
         assert any(line.startswith(prefix) for line in lines), (prefix, out)
     assert "fp32" in out and "bf16" in out  # the precision policies
+    assert "matrix instructions:" in out and "torch kernels:" in out  # the CPU, described
 
 
 def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,6 +50,8 @@ def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
     report = json.loads(out)
     assert {"device", "preset", "fp8_gemms", "transformer_engine"} <= set(report)
     assert report["preset"] == "ci"
+    assert report["cpu"]["torch_kernels"] == torch.backends.cpu.get_cpu_capability()
+    assert isinstance(report["cpu"]["bf16_matrix"], bool)
     for key in ("fp8_gemms", "transformer_engine"):
         assert isinstance(report[key]["available"], bool) and report[key]["reason"]
     assert {"fp32", "tf32", "bf16", "fp16"} <= set(report["precision_policies"])

@@ -24,13 +24,54 @@ def test_describe_cpu() -> None:
     assert info.type == "cpu"
     assert info.spec is None  # MFU is unavailable on a CPU: no made-up peak
     assert info.fp8_supported is False
-    assert info.bf16_supported is False
+    assert info.cpu is not None and info.bf16_supported is info.cpu.bf16_matrix
+    assert info.cpu.torch_isa == torch.backends.cpu.get_cpu_capability()
     assert info.compute_capability is None
     assert isinstance(info.name, str) and info.name
     assert info.memory_bytes is None or info.memory_bytes > 0
     summary = info.summary()
-    assert "cpu" in summary and "no CUDA" in summary
-    assert "fp8 GEMMs: no" in summary and "bf16 matrix units: no" in summary
+    assert "(cpu," in summary and "fp8 GEMMs: no" in summary
+    assert "matrix instructions:" in summary and "torch kernels:" in summary
+
+
+# The two CPU kinds the book runs on (flags abridged from /proc/cpuinfo).
+EPYC_FLAGS = "fpu sse sse2 ssse3 sse4_1 sse4_2 fma avx f16c avx2 bmi2 sha_ni vaes"
+XEON_FLAGS = ("fpu sse sse2 ssse3 sse4_1 sse4_2 fma avx f16c avx2 avx512f avx512dq avx512_vnni "
+              "avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flags,isa,bf16,features",
+    [
+        (EPYC_FLAGS, "AVX2", False, ["AVX2"]),
+        (XEON_FLAGS, "AVX512", True,
+         ["AVX2", "AVX-512", "AVX-512 BF16", "AVX-512 FP16", "AMX", "AMX-BF16"]),
+        ("fpu sse sse2", "DEFAULT", False, []),
+    ],
+)  # fmt: skip
+def test_cpu_capabilities_of_each_cpu_kind(
+    monkeypatch: pytest.MonkeyPatch, flags: str, isa: str, bf16: bool, features: list[str]
+) -> None:
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset(flags.split()))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: isa)
+    info = describe_device("cpu")
+    assert info.cpu is not None and info.cpu.features == features
+    assert info.bf16_supported is bf16 and info.cpu.torch_isa == isa
+    summary = info.summary()
+    assert f"torch kernels: {isa}" in summary
+    if bf16:
+        assert "BF16 matrix instructions: AVX-512 BF16, AMX-BF16" in summary
+    else:
+        assert "BF16 matrix instructions: none" in summary
+    if not features:
+        assert "no AVX2/AVX-512/AMX detected" in summary
+
+
+def test_cpu_flags_of_this_machine_are_read() -> None:
+    caps = hardware.cpu_capabilities()
+    if Path("/proc/cpuinfo").is_file():  # Linux: the flags line is there on x86 and arm
+        assert caps.flags
+    assert caps.torch_isa == torch.backends.cpu.get_cpu_capability()
 
 
 def test_describe_cpu_accepts_torch_device() -> None:

@@ -106,10 +106,14 @@ def _info(args: argparse.Namespace) -> int:
         preset, preset_why = None, str(exc)
     fp8_ok, fp8_why = fp8_gemm_status()
     te_ok, te_why = te_available()
+    host = describe_device("cpu")
+    assert host.cpu is not None
     report = {
         "tutorial_lib": __version__,
         "torch": torch.__version__,
         "device": dev.summary(),
+        "cpu": {"name": host.name, "matrix_instructions": host.cpu.features,
+                "torch_kernels": host.cpu.torch_isa, "bf16_matrix": host.cpu.bf16_matrix},
         "spec": None if dev.spec is None else {
             "name": dev.spec.name,
             "peak_tflops": {k: v / 1e12 for k, v in dev.spec.peak_flops.items()},
@@ -129,6 +133,8 @@ def _info(args: argparse.Namespace) -> int:
         return status
     print(f"tutorial_lib {__version__}, torch {torch.__version__}")
     print(f"device:  {report['device']}")
+    if dev.type != "cpu":  # on a CPU device the line above already says it
+        print(f"cpu:     {host.name}; {host.cpu.summary()}")
     if dev.spec is None:
         print("spec:    not in the spec table -> MFU is reported as unavailable")
     else:

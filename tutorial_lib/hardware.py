@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "CPUCapabilities",
+    "cpu_capabilities",
     "DeviceSpec",
     "DeviceInfo",
     "SPECS",
@@ -141,6 +143,75 @@ def lookup_spec(device_name: str) -> DeviceSpec | None:
     return None
 
 
+# CPU flags (/proc/cpuinfo) that decide how fast matmuls run, in the order they are reported.
+_CPU_FLAGS = {
+    "avx2": "AVX2",
+    "avx512f": "AVX-512",
+    "avx512_bf16": "AVX-512 BF16",
+    "avx512_fp16": "AVX-512 FP16",
+    "amx_tile": "AMX",
+    "amx_bf16": "AMX-BF16",
+    "amx_fp16": "AMX-FP16",
+}
+_BF16_MATRIX_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@dataclass(frozen=True)
+class CPUCapabilities:
+    """What a CPU offers for matrix math: its flags, and the kernels torch chose for it.
+
+    ``flags`` are the CPU's own (``/proc/cpuinfo``, or ``sysctl`` on macOS; empty where neither
+    answers); ``torch_isa`` is ``torch.backends.cpu.get_cpu_capability()``, the vectorised kernel
+    family ATen dispatches to ("AVX2", "AVX512", "DEFAULT", ...; ``ATEN_CPU_CAPABILITY`` lowers
+    it). Whether BF16 is *fast* is a measurement (``perf.measure_gemm_rates``), not a flag: the
+    flags only say which instructions exist.
+    """
+
+    flags: frozenset[str]
+    torch_isa: str
+
+    @property
+    def bf16_matrix(self) -> bool:
+        """AVX-512 BF16 or AMX-BF16: instructions that multiply BF16 matrices natively."""
+        return any(f in self.flags for f in _BF16_MATRIX_FLAGS)
+
+    @property
+    def features(self) -> list[str]:
+        """The matrix-relevant flags present, by name ("AVX2", "AVX-512", "AMX-BF16", ...)."""
+        return [name for flag, name in _CPU_FLAGS.items() if flag in self.flags]
+
+    def summary(self) -> str:
+        found = ", ".join(self.features) or "no AVX2/AVX-512/AMX detected"
+        bf16 = [n for f, n in _CPU_FLAGS.items() if f in _BF16_MATRIX_FLAGS and f in self.flags]
+        return (
+            f"matrix instructions: {found} (torch kernels: {self.torch_isa}); "
+            f"BF16 matrix instructions: {', '.join(bf16) or 'none'}"
+        )
+
+
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):  # x86, arm
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    import subprocess
+
+    try:  # macOS: machdep.cpu.features / leaf7_features, upper case
+        out = subprocess.run(["sysctl", "-n", "machdep.cpu.features", "machdep.cpu.leaf7_features"],
+                             capture_output=True, text=True, timeout=5).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(f.lower().replace(".", "_") for f in out.split())
+
+
+def cpu_capabilities() -> CPUCapabilities:
+    """The CPU's matrix-relevant flags and the kernel family torch uses on it."""
+    return CPUCapabilities(_cpu_flags(), torch.backends.cpu.get_cpu_capability())
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """The device in front of the reader."""
@@ -149,9 +220,12 @@ class DeviceInfo:
     name: str
     compute_capability: tuple[int, int] | None
     memory_bytes: int | None
-    bf16_supported: bool  # BF16 *tensor-core* math on CUDA; BF16 runs (slowly) on any CPU
-    fp8_supported: bool  # FP8 tensor-core GEMMs (sm_89+)
+    # CUDA: BF16 tensor cores (sm_80+). CPU: BF16 matrix instructions present (AVX-512 BF16 or
+    # AMX-BF16); BF16 runs on any CPU, and whether it is fast there is measured, not assumed.
+    bf16_supported: bool
+    fp8_supported: bool  # FP8 tensor-core GEMMs (sm_89+); never on a CPU
     spec: DeviceSpec | None
+    cpu: CPUCapabilities | None = None  # on a CPU device: its matrix capabilities
 
     def summary(self) -> str:
         cc = (
@@ -160,6 +234,8 @@ class DeviceInfo:
             else "no CUDA"
         )
         mem = f"{self.memory_bytes / 2**30:.0f} GiB" if self.memory_bytes else "? GiB"
+        if self.cpu is not None:
+            return f"{self.name} (cpu, {mem}); {self.cpu.summary()}; fp8 GEMMs: no"
         return (
             f"{self.name} ({self.type}, {cc}, {mem}); bf16 matrix units: "
             f"{'yes' if self.bf16_supported else 'no'}; fp8 GEMMs: "
@@ -210,14 +286,16 @@ def describe_device(device: torch.device | str | None = None) -> DeviceInfo:
             spec=lookup_spec(props.name),
         )
     if device.type == "cpu":
+        caps = cpu_capabilities()
         return DeviceInfo(
             type="cpu",
             name=_cpu_name(),
             compute_capability=None,
             memory_bytes=_cpu_memory(),
-            bf16_supported=False,
+            bf16_supported=caps.bf16_matrix,
             fp8_supported=False,
             spec=None,
+            cpu=caps,
         )
     raise ValueError(f"Unsupported device type {device.type!r}; use 'cpu' or 'cuda'.")
 
@@ -235,7 +313,9 @@ def fp8_gemm_status(device: torch.device | str | None = None) -> tuple[bool, str
     """Whether FP8 tensor-core GEMMs (``torch._scaled_mm``) run fast on ``device``, and why."""
     info = describe_device(device)
     if info.type != "cuda":
-        return False, "no CUDA GPU: FP8 runs as an exact but slow emulation on the CPU"
+        return False, (
+            "no CUDA GPU: FP8 GEMMs run as an exact emulation, dequantized to FP32, on the CPU"
+        )
     if not info.fp8_supported:
         cc = info.compute_capability
         return False, f"{info.name} is sm_{cc[0]}{cc[1]}; FP8 tensor cores need sm_89+ (Ada/Hopper)"
