@@ -22,11 +22,14 @@ Where the GEMMs run (``scaled_gemm``):
     CPU           always the emulation. A CPU has no FP8 units, and ``torch._scaled_mm``'s CPU
                   kernel is itself an emulation whose speed depends on the CPU (on some Xeons it
                   is about 1000x slower than an FP32 matmul of the same shape), so it is never
-                  called on a CPU: an FP8 step costs about an FP32 step plus the casts.
-    emulation     dequantize both operands to float32 (exact: an FP8 value times a float32 scale
-                  is a float32 number), float32 matmul, add bias, round to the output dtype. It
-                  agrees with ``torch._scaled_mm`` to float32 rounding (tested); a GPU's FP8
-                  tensor cores accumulate differently (their own rounding), not more exactly.
+                  called on a CPU: an FP8 GEMM costs an FP32 GEMM plus the widening casts.
+    emulation     widen both FP8 operands to float32 (exact), float32 matmul, then multiply by
+                  both scale inverses, add bias, round to the output dtype. Every product of two
+                  FP8 values is exact in float32 (at most 4 x 4 significant bits, and far from
+                  float32's exponent limits), so the only roundings are float32 accumulation,
+                  the scaling and the output cast: the same steps as ``torch._scaled_mm``, which
+                  it matches to float32 rounding (tested). Hopper's FP8 tensor cores accumulate
+                  in their own way, so GPU and CPU agree to accumulation rounding, not bit for bit.
 
 State: the forward/backward scaling state lives in six float32 buffers (``fp8_amax_history_fwd``
 (L, 3), ``fp8_scale_fwd`` (3,), ``fp8_scale_inv_fwd`` (3,) and the ``_bwd`` ones with 2 columns),
@@ -45,7 +48,7 @@ from torch import nn
 
 from ..hardware import cuda_capability
 from .autocast import FP8AutocastState, _BackwardStep, get_autocast_state, register_fp8_run
-from .formats import dequantize, quantize
+from .formats import quantize
 from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, GRAD_OUTPUT1, FP8ModuleState, ScalingMeta
 from .stats import QuantStats, quant_stats
 
@@ -97,9 +100,9 @@ def emulated_gemm(
     a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
     bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:  # fmt: skip
-    """The FP8 GEMM without FP8 units: dequantize both operands to float32 (exact), float32
-    matmul (float32 accumulation), add bias in float32, round once to ``out_dtype``."""
-    out = dequantize(a, a_inv) @ dequantize(b, b_inv)
+    """The FP8 GEMM without FP8 units, in ``_scaled_mm``'s order: exact FP8 products summed in
+    float32, times ``a_inv * b_inv``, plus bias in float32, rounded once to ``out_dtype``."""
+    out = (a.float() @ b.float()) * (a_inv.float() * b_inv.float())
     return (out if bias is None else out + bias.float()).to(out_dtype)
 
 
@@ -291,7 +294,7 @@ class FP8Linear(nn.Linear):
             raise RuntimeError(
                 f"{self._layer_name()}: FP8 GEMMs need a GPU with FP8 tensor cores (sm_89+: Ada, "
                 f"Hopper); {name} is sm_{cc[0]}{cc[1]}. To run the "
-                "exact but slow emulation (dequantize, then a float32 matmul) ask for it: "
+                "emulation (an FP32 matmul of the widened FP8 operands: no FP8 speed) ask for it: "
                 "FP8Linear(..., emulate=True), tutorial_lib.fp8.autocast(emulate=True), or "
                 "make_fp8_policy(emulate=True). Or train with 'bf16'."
             )

@@ -3,6 +3,7 @@ summaries, and the recorded-results format every benchmark writes."""
 
 from .flops import count_flops, flops_by_op, train_step_flops
 from .fp8_model import GemmCost, linear_layer_cost, sweep
+from .measured import NOISE, GemmRates, compare_times, measure_gemm_rates
 from .memory import MemoryReport, memory_report, peak_memory_bytes, reset_peak_memory
 from .mfu import format_mfu, mfu, tokens_per_second
 from .policy_bench import benchmark_policies, make_step, run_policy
@@ -45,6 +46,11 @@ __all__ = [
     "make_rotating_inputs",
     "naive_time",
     "synced_time",
+    # statements from measurements on the machine at hand
+    "GemmRates",
+    "measure_gemm_rates",
+    "compare_times",
+    "NOISE",
     # throughput and MFU
     "tokens_per_second",
     "mfu",

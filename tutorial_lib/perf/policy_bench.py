@@ -67,7 +67,7 @@ def _cpu_note(policy: PrecisionPolicy, device: torch.device) -> str | None:
     if policy.allow_tf32:
         return "TF32 is a CUDA tensor-core mode: on the CPU this is FP32 math"
     if policy.autocast_dtype is not None and not describe_device(device).bf16_supported:
-        return "no BF16/FP16 matrix units on this CPU: emulated, slow"
+        return "no BF16 matrix instructions on this CPU (AVX-512 BF16 or AMX)"
     return None
 
 

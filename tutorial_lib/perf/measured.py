@@ -1,0 +1,121 @@
+"""Statements about speed that come from a measurement on the machine in front of the reader.
+
+The book never asserts how fast BF16 or FP8 is on "a CPU": CPUs differ (one without BF16 matrix
+instructions runs BF16 GEMMs tens of times slower than FP32; one with AMX runs them several
+times faster). A chapter measures, then prints what it measured with these helpers:
+
+    rates = measure_gemm_rates(512, ("fp32", "bf16"))
+    print(rates.compare("bf16", "fp32"))
+    # BF16 ran 4.5x faster than FP32 on this CPU (Intel Xeon ...; BF16 matrix instructions: ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..hardware import default_device, describe_device, fp8_gemm_status
+from .timing import benchmark
+
+__all__ = ["GemmRates", "compare_times", "measure_gemm_rates", "NOISE"]
+
+NOISE = 0.10  # below a 10% difference, one short measurement cannot tell two speeds apart
+_LABELS = {"fp32": "FP32", "bf16": "BF16", "fp8": "FP8"}
+
+
+def compare_times(
+    name_a: str, seconds_a: float, name_b: str, seconds_b: float, where: str, noise: float = NOISE
+) -> str:
+    """One sentence comparing two measured times of the same work: "A ran 4.5x faster than B
+    {where}", "... slower ...", or, within ``noise``, "A and B ran within 10% of each other"."""
+    if seconds_a <= 0 or seconds_b <= 0:
+        raise ValueError(f"times must be positive, got {seconds_a} and {seconds_b} seconds")
+    ratio = seconds_b / seconds_a  # > 1: A is faster
+    if ratio > 1 + noise:
+        return f"{name_a} ran {ratio:.1f}x faster than {name_b} {where}"
+    if ratio < 1 / (1 + noise):
+        return f"{name_a} ran {1 / ratio:.1f}x slower than {name_b} {where}"
+    return f"{name_a} and {name_b} ran within {noise:.0%} of each other {where}"
+
+
+@dataclass(frozen=True)
+class GemmRates:
+    """Measured n x n x n GEMM times per math (``"fp32"``, ``"bf16"``, ``"fp8"``) on one device.
+
+    ``where`` names the device and what was detected about it, e.g. "on this CPU (AMD EPYC;
+    BF16 matrix instructions: none)"; ``paths`` says how each math ran ("FP8 tensor cores",
+    "exact emulation in FP32", ...).
+    """
+
+    n: int
+    seconds: dict[str, float]
+    paths: dict[str, str]
+    where: str
+
+    def gflops(self, math: str) -> float:
+        return 2.0 * self.n**3 / self.seconds[math] / 1e9
+
+    def compare(self, a: str, b: str) -> str:
+        """ "BF16 ran 4.5x faster than FP32 on this CPU (...)", from the two measured times."""
+        return compare_times(_LABELS[a], self.seconds[a], _LABELS[b], self.seconds[b], self.where)
+
+    def table(self) -> str:
+        lines = [f"{self.n}x{self.n}x{self.n} GEMM {self.where}:"]
+        for math, t in self.seconds.items():
+            lines.append(f"  {_LABELS[math]:5s} {t * 1e3:10.3f} ms  {self.gflops(math):10.1f} "
+                         f"GFLOP/s  ({self.paths[math]})")  # fmt: skip
+        return "\n".join(lines)
+
+
+def _where(device: torch.device) -> str:
+    info = describe_device(device)
+    if info.cpu is not None:
+        bf16 = ", ".join(f for f in info.cpu.features if "BF16" in f) or "none"
+        return f"on this CPU ({info.name}; BF16 matrix instructions: {bf16})"
+    return f"on this GPU ({info.name})"
+
+
+def _gemm_call(math: str, n: int, device: torch.device) -> tuple[object, str]:
+    """A zero-argument GEMM of ``math`` on fresh random operands, and how it runs here."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen, device=device) for _ in range(2))
+    if math == "fp32":
+        return (lambda: a @ b), "float32 matmul"
+    if math == "bf16":
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        return (lambda: a16 @ b16), "bfloat16 matmul"
+    if math == "fp8":
+        from ..fp8.formats import E4M3, quantize
+        from ..fp8.linear import emulated_gemm, scaled_gemm
+
+        one = torch.ones((), device=device)
+        a8, b8 = quantize(a, E4M3, one), quantize(b, E4M3, one).t().contiguous().t()
+        if fp8_gemm_status(device)[0]:
+            return (lambda: scaled_gemm(a8, one, b8, one, None, torch.bfloat16)), (
+                "torch._scaled_mm on FP8 tensor cores"
+            )
+        return (lambda: emulated_gemm(a8, one, b8, one, None, torch.bfloat16)), (
+            "exact emulation: FP8 widened to FP32, FP32 matmul"
+        )
+    raise ValueError(f"unknown math {math!r}; choose from {sorted(_LABELS)}")
+
+
+def measure_gemm_rates(
+    n: int = 512,
+    maths: Sequence[str] = ("fp32", "bf16"),
+    device: torch.device | str | None = None,
+    iters: int = 3,
+) -> GemmRates:
+    """Time an n x n x n GEMM in each of ``maths`` on ``device`` (median of ``iters`` after one
+    warm-up; operands made and, for FP8, quantized before timing)."""
+    if n < 1 or iters < 1:
+        raise ValueError(f"need n >= 1 and iters >= 1, got n={n}, iters={iters}")
+    device = torch.device(device) if device is not None else default_device()
+    seconds: dict[str, float] = {}
+    paths: dict[str, str] = {}
+    for math in maths:
+        call, paths[math] = _gemm_call(math, n, device)
+        seconds[math] = benchmark(call, warmup=1, iters=iters, device=device).median
+    return GemmRates(n=n, seconds=seconds, paths=paths, where=_where(device))
