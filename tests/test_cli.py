@@ -89,6 +89,19 @@ def test_train_then_resume(
     assert load_checkpoint(out / "checkpoint.pt")["step"] == 6
 
 
+def test_resume_from_a_corrupt_checkpoint_says_which_file_and_what_to_do(
+    tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"garbage\n")
+    code, _, err = _run(_train_args(out, text_file, 2, "--resume"), capsys)
+    assert code == 1
+    assert f"error: {out / 'checkpoint.pt'} is not a readable checkpoint" in err
+    assert "without --resume" in err and "invalid literal" not in err
+    assert (out / "checkpoint.pt").read_bytes() == b"garbage\n"  # left for the user to inspect
+
+
 def test_resume_without_checkpoint_starts_fresh(
     tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

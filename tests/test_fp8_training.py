@@ -24,7 +24,7 @@ from tutorial_lib.fp8 import (
 )
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import get_policy
-from tutorial_lib.train import TrainConfig, Trainer
+from tutorial_lib.train import TrainConfig, Trainer, load_checkpoint
 
 # Widths that are multiples of 16, B*T = 8*32 a multiple of 8.
 CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)
@@ -99,7 +99,7 @@ def test_resume_reproduces_the_uninterrupted_run(
     first = _trainer(model, data(), "fp8", 12)
     first.train(6)
     path = first.save(tmp_path / "ckpt.pt")
-    saved = torch.load(path, weights_only=False)["model"]
+    saved = load_checkpoint(path)["model"]
     assert saved["blocks.0.attn.qkv.fp8_amax_history_fwd"].abs().sum() > 0
     torch.manual_seed(123)  # a different init: everything must come from the checkpoint
     second = _trainer(GPT(CFG), data(), "fp8", 12)
@@ -117,7 +117,7 @@ def test_cli_trains_with_fp8(tmp_path: Path, capsys: pytest.CaptureFixture[str])
             "--out", str(out), "--device", "cpu", "--no-progress"]  # fmt: skip
     assert main(args) == 0, capsys.readouterr().err
     assert (out / "checkpoint.pt").exists()
-    state = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    state = load_checkpoint(out / "checkpoint.pt")["model"]
     assert any(key.endswith("fp8_scale_fwd") for key in state)
 
 

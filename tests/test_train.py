@@ -4,6 +4,8 @@ checkpoints (atomic writes, exact resume) and the non-finite-loss guard."""
 from __future__ import annotations
 
 import math
+import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from tutorial_lib.data import TokenData
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import POLICIES, PrecisionPolicy
 from tutorial_lib.train import (
+    CheckpointError,
     NonFiniteLossError,
     TrainConfig,
     Trainer,
@@ -353,6 +356,60 @@ def test_load_rejects_foreign_state(tiny_cfg: GPTConfig, tiny_data: TokenData) -
 def test_load_checkpoint_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="No checkpoint"):
         load_checkpoint(tmp_path / "nope.pt")
+
+
+# ---- checkpoints: safe to open -------------------------------------------------------------
+class _RunsCodeWhenUnpickled:
+    """What a malicious checkpoint hides: unpickling it calls a function (here: mkdir)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.mkdir, (str(self.marker),)
+
+
+def test_malicious_checkpoint_is_refused_and_runs_nothing(
+    tmp_path: Path, tiny_cfg: GPTConfig, tiny_data: TokenData
+) -> None:
+    trainer = _trainer(tiny_cfg, tiny_data, _cfg(steps=1))
+    marker = tmp_path / "code_ran"
+    state = {**trainer.state_dict(), "payload": _RunsCodeWhenUnpickled(marker)}
+    bad = save_checkpoint(tmp_path / "shared.pt", state)  # a real torch.save archive
+    with pytest.raises(CheckpointError, match=r"Refusing to open .*shared\.pt.*posix\.mkdir"):
+        load_checkpoint(bad)
+    with pytest.raises(CheckpointError, match="arbitrary code"):
+        trainer.resume(bad)
+    with open(tmp_path / "raw.pt", "wb") as f:  # a plain pickle, not a torch.save archive
+        pickle.dump(state, f)
+    with pytest.raises(CheckpointError, match=r"raw\.pt is not a readable checkpoint"):
+        load_checkpoint(tmp_path / "raw.pt")
+    assert not marker.exists()  # nothing ran
+    assert trainer.step == 0
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_corrupt_checkpoint_names_the_file_and_the_fix(
+    tmp_path: Path, tiny_cfg: GPTConfig, tiny_data: TokenData, damage: str
+) -> None:
+    trainer = _trainer(tiny_cfg, tiny_data, _cfg(steps=1))
+    good = trainer.save(tmp_path / "checkpoint.pt").read_bytes()
+    bad = tmp_path / f"{damage}.pt"
+    bad.write_bytes({"truncated": good[: len(good) // 2], "garbage": b"garbage\n",
+                     "empty": b""}[damage])  # fmt: skip
+    with pytest.raises(CheckpointError, match=rf"{damage}\.pt is not a readable checkpoint.*"
+                       r"truncated or corrupt.*earlier checkpoint"):  # fmt: skip
+        load_checkpoint(bad)
+
+
+def test_every_checkpoint_we_write_opens_safely(
+    tmp_path: Path, tiny_cfg: GPTConfig, tiny_data: TokenData
+) -> None:
+    """weights_only=True loads the whole state, optimizer, schedule, RNG, data and history."""
+    trainer = _trainer(tiny_cfg, tiny_data, _cfg(steps=2, eval_every=1, eval_iters=1))
+    trainer.train()
+    path = trainer.save(tmp_path / "checkpoint.pt")
+    assert torch.load(path, weights_only=True).keys() == trainer.state_dict().keys()
 
 
 # ---- checkpoints: atomic writes ------------------------------------------------------------

@@ -13,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import pickle
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ __all__ = [
     "Trainer",
     "save_checkpoint",
     "load_checkpoint",
+    "CheckpointError",
 ]
 
 
@@ -152,11 +155,45 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be opened safely: corrupt, truncated, not a ``torch.save`` file,
+    or holding Python objects beyond tensors and plain data (which could run code on load)."""
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Open a checkpoint written by ``save_checkpoint`` without running any code from it.
+
+    ``torch.load(weights_only=True)``: tensors, numbers, strings, lists, tuples and dicts only,
+    which is everything ``Trainer.state_dict`` holds. Anything else (a pickled object whose
+    unpickling calls a function) is refused with ``CheckpointError``, as is a file that is not
+    a whole ``torch.save`` archive.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint at {path}.")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its directory is last
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint: it is empty, truncated or corrupt, or not a "
+            f"torch.save file ({path.stat().st_size} bytes). Resume from an earlier checkpoint, "
+            "or start the run again without --resume."
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line]
+        raise CheckpointError(
+            f"Refusing to open {path}: it holds Python objects other than tensors and plain "
+            f"data ({found[0] if found else str(exc).splitlines()[0]}), and unpickling them "
+            "could run arbitrary code. tutorial_lib checkpoints never contain such objects. "
+            "Only if you trust the file's source, open it with torch.load(path, "
+            "weights_only=False) and save its tensors again."
+        ) from None
+    except (RuntimeError, EOFError, ValueError, KeyError, OSError) as exc:
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint: it is truncated or corrupt "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}). "
+            "Resume from an earlier checkpoint, or start the run again without --resume."
+        ) from exc
 
 
 class Trainer:
