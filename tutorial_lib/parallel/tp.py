@@ -18,6 +18,7 @@ Dropout is not supported under TP: it would need Megatron's per-rank RNG tracker
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -281,10 +282,12 @@ def tp_clip_grad_norm_(tp_model: GPT, max_norm: float, group: Group) -> torch.Te
     specs = unit_specs(tp_model.config)
     grads = [(n, p.grad) for n, p in tp_model.named_parameters() if p.grad is not None]
     device = tp_model.tok_emb.weight.device
-    sq_sharded = torch.zeros((), device=device)
-    sq_replicated = torch.zeros((), device=device)
+    # at least float32 (bf16/fp16 grads), float64 for float64 grads, as clip_grad_norm_ does
+    dtype = functools.reduce(torch.promote_types, (g.dtype for _, g in grads), torch.float32)
+    sq_sharded = torch.zeros((), device=device, dtype=dtype)
+    sq_replicated = torch.zeros((), device=device, dtype=dtype)
     for name, g in grads:
-        sq = torch.linalg.vector_norm(g.float()) ** 2
+        sq = torch.linalg.vector_norm(g.to(dtype)) ** 2
         if _spec_of(name, specs) is None:
             sq_replicated += sq
         else:

@@ -139,14 +139,20 @@ def parallel_linear_check(group: Group, kind: str, spec: UnitSpec, units: Sequen
 
 def tp_train_steps(group: Group, cfg: GPTConfig, shard_map: ShardMap,
                    state_dict: dict[str, torch.Tensor], data: tuple[torch.Tensor, ...],
-                   train_cfg: TrainConfig) -> dict[str, Any]:  # fmt: skip
-    """``train_cfg.steps`` steps of ``TPTrainer`` from ``state_dict`` on ``TokenData(*data)``:
-    the history and the gathered full state dict at the end."""
-    model = GPT(cfg)
-    model.load_state_dict(state_dict)
-    trainer = TPTrainer(parallelize(model, group, shard_map), TokenData(*data), train_cfg,
-                        group, shard_map, device="cpu")  # fmt: skip
-    history = trainer.train()
+                   train_cfg: TrainConfig, dtype: torch.dtype = torch.float32,
+                   ) -> dict[str, Any]:  # fmt: skip
+    """``train_cfg.steps`` steps of ``TPTrainer`` from ``state_dict`` on ``TokenData(*data)``,
+    with parameters in ``dtype``: the history and the gathered full state dict at the end."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # the model and the TP layers parallelize builds
+    try:
+        model = GPT(cfg)
+        model.load_state_dict(state_dict)
+        trainer = TPTrainer(parallelize(model, group, shard_map), TokenData(*data), train_cfg,
+                            group, shard_map, device="cpu")  # fmt: skip
+        history = trainer.train()
+    finally:
+        torch.set_default_dtype(default)
     return {"history": history, "state_dict": trainer.state_dict()["model"]}
 
 
