@@ -53,6 +53,15 @@ def test_measure_gemm_rates_on_this_cpu() -> None:
     assert sentence.startswith(("BF16 ran", "BF16 and FP32 ran within")) and rates.where in sentence
 
 
+def test_on_this_device_names_the_cpu_and_its_bf16_instructions() -> None:
+    info = describe_device("cpu")
+    assert info.cpu is not None
+    bf16 = [f for f in info.cpu.features if "BF16" in f]
+    assert perf.on_this_device("cpu") == (
+        f"on this CPU ({info.name}; BF16 matrix instructions: {', '.join(bf16) or 'none'})"
+    )
+
+
 def test_measure_gemm_rates_errors() -> None:
     with pytest.raises(ValueError, match="unknown math 'fp4'"):
         perf.measure_gemm_rates(8, ("fp4",), device="cpu")

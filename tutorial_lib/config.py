@@ -118,7 +118,9 @@ class RunPreset:
         bench_warmup, bench_iters: timing iterations for ``perf.benchmark``.
         bench_batch_size: sequences per timed training step in the benchmarks.
     Comparisons (chapter 3's FP32 vs BF16 parity run, and later ones):
-        parity_steps, parity_batch_size: a shorter run, since BF16 is slow on CPUs.
+        parity_steps, parity_batch_size: a shorter run, since BF16 is slow on CPUs without BF16
+            matrix instructions.
+        ladder_steps: steps per rung of chapter 7's ablation ladder (batch parity_batch_size).
     sample_tokens: how many bytes ``generate`` writes in the sampling demos.
     """
 
@@ -137,6 +139,7 @@ class RunPreset:
     bench_batch_size: int = 16
     parity_steps: int = 100
     parity_batch_size: int = 16
+    ladder_steps: int = 100
     sample_tokens: int = 200
 
     def model_config(self, **overrides: object) -> GPTConfig:
@@ -160,13 +163,15 @@ PRESETS: dict[str, RunPreset] = {
         eval_iters=4,
         lr=3e-3,
         warmup_steps=8,
-        # BF16 on a CPU without BF16 units is ~7x slower than FP32 (REFERENCE.md): keep BF16
-        # benchmark steps and the FP32-vs-BF16 parity run small.
+        # BF16 on a CPU without BF16 matrix instructions is ~7-10x slower than FP32 per step
+        # (REFERENCE.md): keep BF16 benchmark steps, the parity run and the ladder small, so
+        # every notebook stays under 90 s on either CPU kind (benchmarks/notebook_times.py).
         bench_warmup=1,
         bench_iters=5,
         bench_batch_size=4,
         parity_steps=30,
         parity_batch_size=4,
+        ladder_steps=15,
         sample_tokens=120,
     ),
     # One H100/H200: GPT-2 124M shape on bytes (vocab 256), 16K tokens per step. Sized so that
@@ -188,6 +193,7 @@ PRESETS: dict[str, RunPreset] = {
         bench_batch_size=16,
         parity_steps=100,
         parity_batch_size=16,
+        ladder_steps=100,
         sample_tokens=300,
     ),
 }

@@ -17,8 +17,8 @@ import pytest
 from site_checks import SCREENSHOTS
 
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
-# What the workplace's probe found Chromium needs in a closed network: no background
-# connections (they would be refused, many at a time), no GPU, a fresh profile.
+# What Chromium needs in a closed network: no background connections (they would be refused,
+# many at a time), no GPU, a fresh profile.
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",

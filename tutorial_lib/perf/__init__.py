@@ -3,7 +3,7 @@ summaries, and the recorded-results format every benchmark writes."""
 
 from .flops import count_flops, flops_by_op, train_step_flops
 from .fp8_model import GemmCost, linear_layer_cost, sweep
-from .measured import NOISE, GemmRates, compare_times, measure_gemm_rates
+from .measured import NOISE, GemmRates, compare_times, measure_gemm_rates, on_this_device
 from .memory import MemoryReport, memory_report, peak_memory_bytes, reset_peak_memory
 from .mfu import format_mfu, mfu, tokens_per_second
 from .policy_bench import benchmark_policies, make_step, run_policy
@@ -50,6 +50,7 @@ __all__ = [
     "GemmRates",
     "measure_gemm_rates",
     "compare_times",
+    "on_this_device",
     "NOISE",
     # throughput and MFU
     "tokens_per_second",

@@ -173,14 +173,14 @@ def run_ladder(
 ) -> list[dict[str, Any]]:
     """Run every rung (default ``ladder_rungs()``) at the preset's comparison size.
 
-    ``steps`` defaults to the preset's ``parity_steps``, ``batch`` to ``parity_batch_size`` and
+    ``steps`` defaults to the preset's ``ladder_steps``, ``batch`` to ``parity_batch_size`` and
     ``lr`` to ``min(preset.lr, LADDER_MAX_LR)``;
     the first ``bench_warmup`` steps (at least 1, which holds any compilation) are left out of
     the timing. Rows are in rung order; skipped rungs carry ``skipped`` with the reason.
     """
     dev = torch.device(device) if device is not None else default_device()
     rungs = list(rungs) if rungs is not None else ladder_rungs()
-    steps = steps or preset.parity_steps
+    steps = steps or preset.ladder_steps
     batch = batch or preset.parity_batch_size
     lr = lr or min(preset.lr, LADDER_MAX_LR)
     warmup = min(max(1, preset.bench_warmup), steps - 1) if steps > 1 else 0

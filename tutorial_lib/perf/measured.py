@@ -19,7 +19,7 @@ import torch
 from ..hardware import default_device, describe_device, fp8_gemm_status
 from .timing import benchmark
 
-__all__ = ["GemmRates", "compare_times", "measure_gemm_rates", "NOISE"]
+__all__ = ["GemmRates", "compare_times", "measure_gemm_rates", "on_this_device", "NOISE"]
 
 NOISE = 0.10  # below a 10% difference, one short measurement cannot tell two speeds apart
 _LABELS = {"fp32": "FP32", "bf16": "BF16", "fp8": "FP8"}
@@ -69,7 +69,9 @@ class GemmRates:
         return "\n".join(lines)
 
 
-def _where(device: torch.device) -> str:
+def on_this_device(device: torch.device | str | None = None) -> str:
+    """ "on this CPU (AMD EPYC; BF16 matrix instructions: none)", or "on this GPU (NVIDIA H200)":
+    the words a measured statement ends with, naming what was detected."""
     info = describe_device(device)
     if info.cpu is not None:
         bf16 = ", ".join(f for f in info.cpu.features if "BF16" in f) or "none"
@@ -118,4 +120,4 @@ def measure_gemm_rates(
     for math in maths:
         call, paths[math] = _gemm_call(math, n, device)
         seconds[math] = benchmark(call, warmup=1, iters=iters, device=device).median
-    return GemmRates(n=n, seconds=seconds, paths=paths, where=_where(device))
+    return GemmRates(n=n, seconds=seconds, paths=paths, where=on_this_device(device))
