@@ -85,13 +85,17 @@ REPORT   := $(BUILD)/test-report.xml
 stage: $(STAMP) vendor
 	$(VPY) scripts/stage_book.py book $(STAGE)
 
-# make test: 1. unit tests + every notebook (ci preset) in one pytest run, so its closing
-# "N passed" counts both; 2. the HTML book and the slides from those executed notebooks;
-# 3. the browser test of the built site.
+# make test: 1. the unit tests, then every notebook (ci preset), two at a time: apart, because
+# the multi-process TP tests next to a notebook doubled its time; both run even if the first
+# fails; 2. the HTML book and the slides from those executed notebooks; 3. the browser test.
 test: $(STAMP) lint vendor browser-deps stage
 	@rm -f $(EXECUTED)
+	@status=0; set -x; \
+	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --timeout=240 --ignore=tests/browser tests \
+	  || status=1; \
 	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) $(NBMAKE) $(TEST_LIMITS) --junitxml=$(REPORT) \
-	  --ignore=tests/browser tests $(STAGE)/chapters
+	  $(STAGE)/chapters || status=1; \
+	exit $$status
 	@touch $(EXECUTED)
 	$(VPY) benchmarks/notebook_times.py --junit $(REPORT) --out $(BUILD)/notebook_times \
 	  --budget-s $(NOTEBOOK_BUDGET_S)

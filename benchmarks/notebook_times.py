@@ -3,8 +3,8 @@
     python benchmarks/notebook_times.py [--junit book/_build/test-report.xml] [--out DIR]
                                         [--budget-s 90] [--check]
 
-``make test`` runs every notebook under nbmake (``-n 2``, next to the unit tests, one math
-thread each) and writes a JUnit XML report; this script reads the notebooks' rows from it and
+``make test`` runs every notebook under nbmake (``-n 2``: two at a time, after the unit tests,
+one math thread each) and writes a JUnit XML report; this script reads the notebooks' rows from it and
 writes ``notebook_times__<cpu>__<date>.json``/``.md`` through ``perf.write_results``, stamped
 with the machine (CPU model and matrix instructions, torch, date). Each row: the notebook, its
 seconds, its outcome, and whether it stayed within the budget (90 s: a notebook at the ``ci``
@@ -80,8 +80,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results folder")
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="seconds per notebook")
     p.add_argument("--check", action="store_true", help="exit 1 if a notebook is over budget")
-    p.add_argument("--how", default="make test: pytest -n 2 --nbmake, notebooks next to the "
-                   "unit tests, OMP_NUM_THREADS=1", help="how the notebooks were run")  # fmt: skip
+    p.add_argument("--how", default="make test: pytest -n 2 --nbmake, two notebooks at a time "
+                   "after the unit tests, OMP_NUM_THREADS=1", help="how the notebooks ran")  # fmt: skip
     args = p.parse_args(argv)
     if args.budget_s <= 0:
         p.error(f"--budget-s must be positive, got {args.budget_s}")

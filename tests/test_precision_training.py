@@ -1,8 +1,8 @@
 """Training under each precision policy the CPU can run, and BF16-vs-FP32 loss parity.
 
 One run per policy (20 steps of the tiny test GPT, batch 8, lr 3e-3 as in the ``ci`` preset),
-shared by the tests below. BF16 matmuls are about 7x slower than FP32 on this CPU
-(REFERENCE.md), which is why the model is this small: the file takes about 10 s.
+shared by the tests below. On a CPU without BF16 matrix instructions BF16 matmuls are many times
+slower than FP32, which is why the model is this small: the file takes about 10 s there.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class RunPreset:
         bench_batch_size: sequences per timed training step in the benchmarks.
     Comparisons (chapter 3's FP32 vs BF16 parity run, and later ones):
         parity_steps, parity_batch_size: a shorter run, since BF16 is slow on CPUs without BF16
-            matrix instructions.
+            matrix instructions (AVX2 only).
         ladder_steps: steps per rung of chapter 7's ablation ladder (batch parity_batch_size).
     sample_tokens: how many bytes ``generate`` writes in the sampling demos.
     """

@@ -1,8 +1,9 @@
 """The ``fp8`` precision policy: FP8Linear layers (delayed scaling) under BF16 autocast.
 
 ``get_policy("fp8")`` works without importing this package first: ``tutorial_lib.precision``
-imports it lazily. The policy keeps BF16 autocast on every device, the CPU included (slow there,
-but the numerics are those of a GPU run); on the CPU the FP8 GEMMs are emulated (``linear.py``).
+imports it lazily. The policy keeps BF16 autocast on every device, the CPU included (as slow or fast
+there as the CPU's BF16 kernels, but the numerics are those of a GPU run); on the CPU the FP8
+GEMMs are emulated (``linear.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def check_fp8_device(device: torch.device | str, emulate: bool | None = None) ->
         raise RuntimeError(
             f"The {FP8_POLICY_NAME!r} precision policy needs FP8 tensor cores (sm_89+: Ada or "
             f"Hopper); {name} is sm_{cc[0]}{cc[1]}. Use 'bf16', or "
-            "opt in to the slow exact emulation: make_fp8_policy(emulate=True) (or "
+            "opt in to the exact emulation (no FP8 speed): make_fp8_policy(emulate=True) (or "
             "tutorial_lib.fp8.autocast(emulate=True) / FP8Linear(..., emulate=True))."
         )
 
