@@ -53,7 +53,7 @@ GEMM_DEFAULTS: dict[str, tuple[tuple[int, ...], int]] = {
 TRAIN_POLICIES = ("bf16", "fp8", "te-fp8")
 CPU_NOTES = {
     "bf16 matmul": "CPU: not a tensor-core result",
-    "fp8 gemm": "CPU: exact emulation (dequantize, FP32 matmul); not an FP8 tensor-core result",
+    "fp8 gemm": "CPU: emulation (widen to FP32, FP32 matmul); not an FP8 tensor-core result",
     "fp8 cast": "CPU: a CPU cast; not a GPU result",
 }
 

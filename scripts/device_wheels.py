@@ -43,8 +43,8 @@ NEEDED = (
     "debugpy", "matplotlib-inline", "jupyter-client", "jupyter-core", "platformdirs", "pyzmq",
     "tornado", "nest-asyncio2", "ipywidgets", "widgetsnbextension", "jupyterlab-widgets",
 )  # fmt: skip
-# Packages the device image already has that the wheels above require (device README's
-# KINDS.md, image 'cuda' as read on 2026-11-17). Carry one of these only for another version.
+# Packages the offline H200 image (Python 3.12, CUDA torch) already has that the wheels above
+# require, as listed on 2026-11-17. Carry one of these only for another version.
 IMAGE = frozenset({
     "attrs", "packaging", "psutil", "pygments", "pytest", "python-dateutil", "six",
     "typing-extensions", "pytest-xdist", "execnet", "pluggy", "iniconfig", "tqdm", "matplotlib",

@@ -22,7 +22,7 @@ reserves; the last step gets all that is left. At the end
 ``DIR/hopper_check-<preset>.json`` and ``.md`` record the environment stamp
 (``perf.environment_stamp``: GPU, driver, CUDA, torch, Triton, Python, date), each step's status,
 duration and the files it wrote, and every result row that was skipped with its reason.
-``--bundle`` packs those files into one ``.tar.gz`` (the device machine returns few files).
+``--bundle`` packs those files into one ``.tar.gz`` (one file is easy to copy back from an offline GPU machine).
 Exit status 1 when a step failed, timed out or found no budget left.
 """
 

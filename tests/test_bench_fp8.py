@@ -19,7 +19,7 @@ from tutorial_lib.hardware import te_available
 # Widths multiples of 16 (FP8Linear's rule): 1 layer, 2 heads of 8, context 16, vocab 64.
 BENCH_TINY = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)
 ON_CPU = not torch.cuda.is_available()
-FP8_CPU_NOTE = "CPU: exact emulation (dequantize, FP32 matmul); not an FP8 tensor-core result"
+FP8_CPU_NOTE = "CPU: emulation (widen to FP32, FP32 matmul); not an FP8 tensor-core result"
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -376,8 +377,11 @@ def test_malicious_checkpoint_is_refused_and_runs_nothing(
     marker = tmp_path / "code_ran"
     state = {**trainer.state_dict(), "payload": _RunsCodeWhenUnpickled(marker)}
     bad = save_checkpoint(tmp_path / "shared.pt", state)  # a real torch.save archive
-    with pytest.raises(CheckpointError, match=r"Refusing to open .*shared\.pt.*posix\.mkdir"):
+    with pytest.raises(
+        CheckpointError, match=r"Refusing to open .*shared\.pt.* posix\.mkdir,"
+    ) as info:
         load_checkpoint(bad)
+    assert "add_safe_globals" not in str(info.value)  # no advice to allow-list the payload
     with pytest.raises(CheckpointError, match="arbitrary code"):
         trainer.resume(bad)
     with open(tmp_path / "raw.pt", "wb") as f:  # a plain pickle, not a torch.save archive
@@ -398,6 +402,23 @@ def test_corrupt_checkpoint_names_the_file_and_the_fix(
     bad.write_bytes({"truncated": good[: len(good) // 2], "garbage": b"garbage\n",
                      "empty": b""}[damage])  # fmt: skip
     with pytest.raises(CheckpointError, match=rf"{damage}\.pt is not a readable checkpoint.*"
+                       r"truncated or corrupt.*earlier checkpoint"):  # fmt: skip
+        load_checkpoint(bad)
+
+
+def test_damaged_data_inside_a_whole_archive_is_corrupt_not_unsafe(
+    tmp_path: Path, tiny_cfg: GPTConfig, tiny_data: TokenData
+) -> None:
+    """A valid zip whose pickle record is damaged: reported as corrupt, with the file's name."""
+    good = _trainer(tiny_cfg, tiny_data, _cfg(steps=1)).save(tmp_path / "checkpoint.pt")
+    bad = tmp_path / "damaged.pt"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("data.pkl"):
+                data = data[:2] + b"\xff\xfe\xfd" + data[5:]  # protocol ok, opcodes not
+            dst.writestr(item, data)
+    with pytest.raises(CheckpointError, match=r"damaged\.pt is not a readable checkpoint.*"
                        r"truncated or corrupt.*earlier checkpoint"):  # fmt: skip
         load_checkpoint(bad)
 

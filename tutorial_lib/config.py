@@ -163,9 +163,9 @@ PRESETS: dict[str, RunPreset] = {
         eval_iters=4,
         lr=3e-3,
         warmup_steps=8,
-        # BF16 on a CPU without BF16 matrix instructions is ~7-10x slower than FP32 per step
-        # (REFERENCE.md): keep BF16 benchmark steps, the parity run and the ladder small, so
-        # every notebook stays under 90 s on either CPU kind (benchmarks/notebook_times.py).
+        # A BF16 step on a CPU without BF16 matrix instructions took ~10x an FP32 one on an
+        # AVX2-only EPYC: keep BF16 benchmark steps, the parity run and the ladder small, so
+        # every notebook stays within its 90 s budget (benchmarks/notebook_times.py records it).
         bench_warmup=1,
         bench_iters=5,
         bench_batch_size=4,

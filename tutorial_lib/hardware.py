@@ -8,6 +8,7 @@ such as a CPU. A made-up peak is how "104% MFU on an H100" happens.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -152,8 +153,11 @@ _CPU_FLAGS = {
     "amx_tile": "AMX",
     "amx_bf16": "AMX-BF16",
     "amx_fp16": "AMX-FP16",
+    "sve": "SVE",  # arm64 (Linux "Features", macOS hw.optional.arm.FEAT_*)
+    "bf16": "ARM BF16",
+    "i8mm": "ARM I8MM",
 }
-_BF16_MATRIX_FLAGS = ("avx512_bf16", "amx_bf16")
+_BF16_MATRIX_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ class CPUCapabilities:
 
     @property
     def bf16_matrix(self) -> bool:
-        """AVX-512 BF16 or AMX-BF16: instructions that multiply BF16 matrices natively."""
+        """AVX-512 BF16, AMX-BF16 or arm64's BF16 extension: BF16 multiplies in hardware."""
         return any(f in self.flags for f in _BF16_MATRIX_FLAGS)
 
     @property
@@ -181,14 +185,15 @@ class CPUCapabilities:
         return [name for flag, name in _CPU_FLAGS.items() if flag in self.flags]
 
     def summary(self) -> str:
-        found = ", ".join(self.features) or "no AVX2/AVX-512/AMX detected"
+        found = ", ".join(self.features) or "none of AVX2/AVX-512/AMX/SVE detected"
         bf16 = [n for f, n in _CPU_FLAGS.items() if f in _BF16_MATRIX_FLAGS and f in self.flags]
         return (
             f"matrix instructions: {found} (torch kernels: {self.torch_isa}); "
-            f"BF16 matrix instructions: {', '.join(bf16) or 'none'}"
+            f"BF16 matrix instructions: {', '.join(bf16) or 'none detected'}"
         )
 
 
+@functools.cache
 def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
@@ -199,12 +204,19 @@ def _cpu_flags() -> frozenset[str]:
         pass
     import subprocess
 
-    try:  # macOS: machdep.cpu.features / leaf7_features, upper case
+    try:  # macOS on Intel: machdep.cpu.features / leaf7_features (upper case, "AVX512F")
         out = subprocess.run(["sysctl", "-n", "machdep.cpu.features", "machdep.cpu.leaf7_features"],
                              capture_output=True, text=True, timeout=5).stdout  # fmt: skip
+        flags = {f.lower().replace(".", "_") for f in out.split()}
+        arm = subprocess.run(["sysctl", "hw.optional.arm"], capture_output=True, text=True,
+                             timeout=5).stdout  # fmt: skip  # Apple silicon: "...FEAT_BF16: 1"
     except (OSError, subprocess.SubprocessError):
         return frozenset()
-    return frozenset(f.lower().replace(".", "_") for f in out.split())
+    for line in arm.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().startswith("hw.optional.arm.FEAT_") and value.strip() == "1":
+            flags.add(key.strip().removeprefix("hw.optional.arm.FEAT_").lower())
+    return frozenset(flags)
 
 
 def cpu_capabilities() -> CPUCapabilities:
@@ -314,7 +326,8 @@ def fp8_gemm_status(device: torch.device | str | None = None) -> tuple[bool, str
     info = describe_device(device)
     if info.type != "cuda":
         return False, (
-            "no CUDA GPU: FP8 GEMMs run as an exact emulation, dequantized to FP32, on the CPU"
+            "no CUDA GPU; the CPU emulates FP8 GEMMs: FP8 operands widened to FP32, an FP32 "
+            "matmul, scales applied after"
         )
     if not info.fp8_supported:
         cc = info.compute_capability

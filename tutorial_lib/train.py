@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import pickle
+import re
 import tempfile
 import time
 import zipfile
@@ -180,20 +181,26 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        found = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line]
+        unsafe = re.search(r"GLOBAL (\S+)", str(exc))  # a global the safe unpickler refused
+        if unsafe is None:  # damaged pickle data inside a whole archive
+            raise _corrupt(path, exc) from exc
         raise CheckpointError(
-            f"Refusing to open {path}: it holds Python objects other than tensors and plain "
-            f"data ({found[0] if found else str(exc).splitlines()[0]}), and unpickling them "
-            "could run arbitrary code. tutorial_lib checkpoints never contain such objects. "
-            "Only if you trust the file's source, open it with torch.load(path, "
-            "weights_only=False) and save its tensors again."
+            f"Refusing to open {path}: besides tensors and plain data it holds a reference to "
+            f"{unsafe.group(1)}, and unpickling it could run arbitrary code. tutorial_lib "
+            "checkpoints never contain such objects. Only if you trust the file's source, open "
+            "it with torch.load(path, weights_only=False) and save its tensors again."
         ) from None
     except (RuntimeError, EOFError, ValueError, KeyError, OSError) as exc:
-        raise CheckpointError(
-            f"{path} is not a readable checkpoint: it is truncated or corrupt "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}). "
-            "Resume from an earlier checkpoint, or start the run again without --resume."
-        ) from exc
+        raise _corrupt(path, exc) from exc
+
+
+def _corrupt(path: Path, exc: BaseException) -> CheckpointError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
+    return CheckpointError(
+        f"{path} is not a readable checkpoint: it is truncated or corrupt "
+        f"({type(exc).__name__}: {first}). Resume from an earlier checkpoint, or start the run "
+        "again without --resume."
+    )
 
 
 class Trainer:

@@ -27,9 +27,11 @@ Where the GEMMs run (``scaled_gemm``):
                   both scale inverses, add bias, round to the output dtype. Every product of two
                   FP8 values is exact in float32 (at most 4 x 4 significant bits, and far from
                   float32's exponent limits), so the only roundings are float32 accumulation,
-                  the scaling and the output cast: the same steps as ``torch._scaled_mm``, which
-                  it matches to float32 rounding (tested). Hopper's FP8 tensor cores accumulate
-                  in their own way, so GPU and CPU agree to accumulation rounding, not bit for bit.
+                  the scaling and the output cast. The scales are applied to the accumulated sum,
+                  as cuBLASLt does on the GPU (torch's CPU ``_scaled_mm`` scales the operands
+                  first); both stay within float32 accumulation rounding of a float64 reference
+                  (tested). Hopper's FP8 tensor cores accumulate in their own way, so GPU and CPU
+                  agree to accumulation rounding, not bit for bit.
 
 State: the forward/backward scaling state lives in six float32 buffers (``fp8_amax_history_fwd``
 (L, 3), ``fp8_scale_fwd`` (3,), ``fp8_scale_inv_fwd`` (3,) and the ``_bwd`` ones with 2 columns),
@@ -100,10 +102,12 @@ def emulated_gemm(
     a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
     bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:  # fmt: skip
-    """The FP8 GEMM without FP8 units, in ``_scaled_mm``'s order: exact FP8 products summed in
-    float32, times ``a_inv * b_inv``, plus bias in float32, rounded once to ``out_dtype``."""
-    out = (a.float() @ b.float()) * (a_inv.float() * b_inv.float())
-    return (out if bias is None else out + bias.float()).to(out_dtype)
+    """The FP8 GEMM without FP8 units, in the GPU's order: exact FP8 products summed in float32,
+    times ``a_inv * b_inv``, plus bias in float32, rounded once to ``out_dtype``. Autocast is
+    switched off inside, so the matmul stays float32 even when called under BF16 autocast."""
+    with torch.autocast(a.device.type, enabled=False):
+        out = (a.float() @ b.float()) * (a_inv.float() * b_inv.float())
+        return (out if bias is None else out + bias.float()).to(out_dtype)
 
 
 class _FP8LinearFunction(torch.autograd.Function):

@@ -43,7 +43,7 @@ ADAM_STEP_BYTES = 30  # per parameter: read fp32 grad + w, m, v (16), write w, m
 # GeLU, softmax, dropout). Recomputation writes what it recomputes once more. An estimate, not fit.
 ACTIVATION_PASSES = 3
 # GEMM fraction of peak in a real training step. 0.6 is what Table 1 calibrates to on A100
-# (A100_COMPUTE_EFFICIENCY); a lone BF16 8192^3 GEMM reaches 0.80 on an H200 here (REFERENCE.md),
+# (A100_COMPUTE_EFFICIENCY); a lone BF16 8192^3 GEMM reaches 0.80 on an H200 (measured once, CUDA torch),
 # an upper bound. No Hopper end-to-end calibration exists yet: revisit when one is recorded.
 DEFAULT_COMPUTE_EFFICIENCY = 0.6
 

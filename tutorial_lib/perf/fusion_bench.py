@@ -115,7 +115,7 @@ def time_ops(
 
 def step_rows(preset: RunPreset, device: torch.device, steps: int) -> list[dict[str, Any]]:
     """Whole training steps: eager, compiled and (GPU) our Triton kernels, same precision."""
-    precision = "bf16" if device.type == "cuda" else "fp32"  # CPU BF16 is emulated: not fusion
+    precision = "bf16" if device.type == "cuda" else "fp32"  # CPU BF16 speed varies by CPU
     rungs = [Rung("eager", precision), Rung("compile", precision, compile=True)]
     if device.type == "cuda":
         rungs.append(Rung("triton kernels", precision, fused=True))

@@ -74,7 +74,7 @@ def on_this_device(device: torch.device | str | None = None) -> str:
     the words a measured statement ends with, naming what was detected."""
     info = describe_device(device)
     if info.cpu is not None:
-        bf16 = ", ".join(f for f in info.cpu.features if "BF16" in f) or "none"
+        bf16 = ", ".join(f for f in info.cpu.features if "BF16" in f) or "none detected"
         return f"on this CPU ({info.name}; BF16 matrix instructions: {bf16})"
     return f"on this GPU ({info.name})"
 
@@ -94,12 +94,12 @@ def _gemm_call(math: str, n: int, device: torch.device) -> tuple[object, str]:
 
         one = torch.ones((), device=device)
         a8, b8 = quantize(a, E4M3, one), quantize(b, E4M3, one).t().contiguous().t()
-        if fp8_gemm_status(device)[0]:
+        if fp8_gemm_status(device)[0] and n % 16 == 0:  # _scaled_mm's shape rule
             return (lambda: scaled_gemm(a8, one, b8, one, None, torch.bfloat16)), (
                 "torch._scaled_mm on FP8 tensor cores"
             )
         return (lambda: emulated_gemm(a8, one, b8, one, None, torch.bfloat16)), (
-            "exact emulation: FP8 widened to FP32, FP32 matmul"
+            "emulation: FP8 widened to FP32, FP32 matmul, scales after"
         )
     raise ValueError(f"unknown math {math!r}; choose from {sorted(_LABELS)}")
 
