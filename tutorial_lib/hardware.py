@@ -232,8 +232,8 @@ class DeviceInfo:
     name: str
     compute_capability: tuple[int, int] | None
     memory_bytes: int | None
-    # CUDA: BF16 tensor cores (sm_80+). CPU: BF16 matrix instructions present (AVX-512 BF16 or
-    # AMX-BF16); BF16 runs on any CPU, and whether it is fast there is measured, not assumed.
+    # CUDA: BF16 tensor cores (sm_80+). CPU: BF16 matrix instructions present (AVX-512 BF16,
+    # AMX-BF16, arm64 BF16); BF16 runs on any CPU, and whether it is fast there is measured.
     bf16_supported: bool
     fp8_supported: bool  # FP8 tensor-core GEMMs (sm_89+); never on a CPU
     spec: DeviceSpec | None

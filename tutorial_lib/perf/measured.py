@@ -45,8 +45,8 @@ class GemmRates:
     """Measured n x n x n GEMM times per math (``"fp32"``, ``"bf16"``, ``"fp8"``) on one device.
 
     ``where`` names the device and what was detected about it, e.g. "on this CPU (AMD EPYC;
-    BF16 matrix instructions: none)"; ``paths`` says how each math ran ("FP8 tensor cores",
-    "exact emulation in FP32", ...).
+    BF16 matrix instructions: none detected)"; ``paths`` says how each math ran
+    ("torch._scaled_mm on FP8 tensor cores", "emulation: FP8 widened to FP32, ...", ...).
     """
 
     n: int
@@ -70,7 +70,7 @@ class GemmRates:
 
 
 def on_this_device(device: torch.device | str | None = None) -> str:
-    """ "on this CPU (AMD EPYC; BF16 matrix instructions: none)", or "on this GPU (NVIDIA H200)":
+    """ "on this CPU (AMD EPYC; BF16 matrix instructions: none detected)", or "on this GPU (...)":
     the words a measured statement ends with, naming what was detected."""
     info = describe_device(device)
     if info.cpu is not None:
