@@ -392,33 +392,31 @@ def test_malicious_checkpoint_is_refused_and_runs_nothing(
     assert trainer.step == 0
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
-def test_corrupt_checkpoint_names_the_file_and_the_fix(
-    tmp_path: Path, tiny_cfg: GPTConfig, tiny_data: TokenData, damage: str
-) -> None:
-    trainer = _trainer(tiny_cfg, tiny_data, _cfg(steps=1))
-    good = trainer.save(tmp_path / "checkpoint.pt").read_bytes()
-    bad = tmp_path / f"{damage}.pt"
-    bad.write_bytes({"truncated": good[: len(good) // 2], "garbage": b"garbage\n",
-                     "empty": b""}[damage])  # fmt: skip
-    with pytest.raises(CheckpointError, match=rf"{damage}\.pt is not a readable checkpoint.*"
-                       r"truncated or corrupt.*earlier checkpoint"):  # fmt: skip
-        load_checkpoint(bad)
-
-
-def test_damaged_data_inside_a_whole_archive_is_corrupt_not_unsafe(
-    tmp_path: Path, tiny_cfg: GPTConfig, tiny_data: TokenData
-) -> None:
-    """A valid zip whose pickle record is damaged: reported as corrupt, with the file's name."""
-    good = _trainer(tiny_cfg, tiny_data, _cfg(steps=1)).save(tmp_path / "checkpoint.pt")
-    bad = tmp_path / "damaged.pt"
+def _damaged_archive(good: Path, bad: Path) -> None:
+    """A whole zip whose pickle record is damaged (the protocol byte kept, the opcodes not)."""
     with zipfile.ZipFile(good) as src, zipfile.ZipFile(bad, "w") as dst:
         for item in src.infolist():
             data = src.read(item)
             if item.filename.endswith("data.pkl"):
-                data = data[:2] + b"\xff\xfe\xfd" + data[5:]  # protocol ok, opcodes not
+                data = data[:2] + b"\xff\xfe\xfd" + data[5:]
             dst.writestr(item, data)
-    with pytest.raises(CheckpointError, match=r"damaged\.pt is not a readable checkpoint.*"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "damaged"])
+def test_corrupt_checkpoint_names_the_file_and_the_fix(
+    tmp_path: Path, tiny_cfg: GPTConfig, tiny_data: TokenData, damage: str
+) -> None:
+    """Not a whole archive, or a whole one with damaged pickle data (corrupt, not unsafe)."""
+    trainer = _trainer(tiny_cfg, tiny_data, _cfg(steps=1))
+    good_path = trainer.save(tmp_path / "checkpoint.pt")
+    good = good_path.read_bytes()
+    bad = tmp_path / f"{damage}.pt"
+    if damage == "damaged":
+        _damaged_archive(good_path, bad)
+    else:
+        bad.write_bytes({"truncated": good[: len(good) // 2], "garbage": b"garbage\n",
+                         "empty": b""}[damage])  # fmt: skip
+    with pytest.raises(CheckpointError, match=rf"{damage}\.pt is not a readable checkpoint.*"
                        r"truncated or corrupt.*earlier checkpoint"):  # fmt: skip
         load_checkpoint(bad)
 
