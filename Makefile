@@ -25,7 +25,6 @@ endif
 
 VPY   := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(TORCH)
-VENV_FLAGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
 
 .PHONY: help setup test lint unit notebooks book html slides slides-only executed executed-is-current stage browser-deps lab clean distclean vendor \
         hopper-check
@@ -41,8 +40,8 @@ help:
 	@echo "make clean   - remove build outputs (keeps .venv; 'make distclean' removes it too)"
 	@echo "TORCH=$(TORCH) (auto|cpu|system)"
 
-$(STAMP): pyproject.toml scripts/fetch_te_source.py
-	@test -x $(VPY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+$(STAMP): pyproject.toml scripts/fetch_te_source.py scripts/ensure_venv.py
+	$(PYTHON) scripts/ensure_venv.py $(VENV) $(TORCH)  # recreated if made for the other TORCH
 	$(VPY) -m pip install --quiet --upgrade pip
 ifeq ($(TORCH),cpu)
 	$(VPY) -m pip install --quiet "$(TORCH_CPU_SPEC)"

@@ -82,16 +82,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def trace_rows(args: argparse.Namespace, model: FailureModel) -> list[dict[str, Any]]:
     rows = []
     for n in args.gpus:
-        timing = benchmark(lambda n=n: simulate_trace(model, n, args.days, seed=args.seed),
-                           warmup=1, iters=args.repeats, device="cpu")  # fmt: skip
+        timing = benchmark(
+            lambda n=n: simulate_trace(model, n, args.days, seed=args.seed),
+            warmup=1,
+            iters=args.repeats,
+            device="cpu",
+        )
         trace = simulate_trace(model, n, args.days, seed=args.seed)
         share = trace.failed_fraction()
-        rows.append({
-            "op": "simulate_trace", "gpus": n, "days": args.days, "median_ms": timing.median * 1e3,
-            "failures": trace.n_failures, "mean_failed_pct": 100 * float(share.mean()),
-            "peak_failed_pct": 100 * float(share.max()),
-            "time_above_threshold": fraction_of_time_above(trace, args.threshold),
-        })  # fmt: skip
+        rows.append(
+            {
+                "op": "simulate_trace",
+                "gpus": n,
+                "days": args.days,
+                "median_ms": timing.median * 1e3,
+                "failures": trace.n_failures,
+                "mean_failed_pct": 100 * float(share.mean()),
+                "peak_failed_pct": 100 * float(share.max()),
+                "time_above_threshold": fraction_of_time_above(trace, args.threshold),
+            }
+        )
     return rows
 
 
@@ -106,12 +116,18 @@ def availability_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
         timing = benchmark(run, warmup=1, iters=args.repeats, device="cpu")
         n_failed = len(random_failures(n, args.fraction, seed=args.seed))
-        rows.append({
-            "op": "random_failures + availability", "gpus": n, "tp": tp,
-            "domain_size": args.domain_size, "failed": n_failed, "median_ms": timing.median * 1e3,
-            "availability": run(),
-            "expected": expected_replica_availability(n, tp, n_failed),
-        })  # fmt: skip
+        rows.append(
+            {
+                "op": "random_failures + availability",
+                "gpus": n,
+                "tp": tp,
+                "domain_size": args.domain_size,
+                "failed": n_failed,
+                "median_ms": timing.median * 1e3,
+                "availability": run(),
+                "expected": expected_replica_availability(n, tp, n_failed),
+            }
+        )
     return rows
 
 
@@ -123,15 +139,21 @@ def main(argv: Sequence[str] | None = None) -> Path:
     rows = trace_rows(args, model) + availability_rows(args)
     env = {**environment_stamp(torch.device("cpu")), "preset": preset.name}
     meta = {
-        "model": {"rate_per_gpu_hour": model.rate_per_gpu_hour,
-                  "hardware_fraction": model.hardware_fraction,
-                  "hardware_recovery_hours": model.hardware.mean_hours,
-                  "software_recovery_hours": model.software.mean_hours,
-                  "dist": model.hardware.dist},
-        "days": args.days, "threshold": args.threshold, "fraction": args.fraction,
-        "seed": args.seed, "repeats": args.repeats, "numpy": np.__version__,
+        "model": {
+            "rate_per_gpu_hour": model.rate_per_gpu_hour,
+            "hardware_fraction": model.hardware_fraction,
+            "hardware_recovery_hours": model.hardware.mean_hours,
+            "software_recovery_hours": model.software.mean_hours,
+            "dist": model.hardware.dist,
+        },
+        "days": args.days,
+        "threshold": args.threshold,
+        "fraction": args.fraction,
+        "seed": args.seed,
+        "repeats": args.repeats,
+        "numpy": np.__version__,
         "timing": "median wall time of one call after one warm-up call, numpy on the CPU",
-    }  # fmt: skip
+    }
     title = f"failures benchmark, preset {preset.name}"
     return write_and_print("failures", title, rows, args.out, meta, env)
 

@@ -132,14 +132,18 @@ def _fp8_rows(
 
     t_fp8 = benchmark(fp8_gemm, *timing, device)
     t_cast = benchmark(cast, *timing, device)
-    fp8 = {**_row("fp8 gemm", tokens, h, t_fp8, device),
-           "tflops": 8.0 * tokens * h * h / t_fp8.median / 1e12}  # fmt: skip
+    fp8 = {
+        **_row("fp8 gemm", tokens, h, t_fp8, device),
+        "tflops": 8.0 * tokens * h * h / t_fp8.median / 1e12,
+    }
     if device.type == "cuda":  # on a CPU the ratio compares two emulations: left out
         fp8["speedup_vs_bf16"] = t_bf16.median / t_fp8.median
         fp8["speedup_with_cast"] = t_bf16.median / (t_fp8.median + t_cast.median)
     cast_bytes = 3 * (a.numel() + b.numel())  # read BF16 (2 B), write FP8 (1 B)
-    cast_row = {**_row("fp8 cast", tokens, h, t_cast, device),
-                "gb_per_s": cast_bytes / t_cast.median / 1e9}  # fmt: skip
+    cast_row = {
+        **_row("fp8 cast", tokens, h, t_cast, device),
+        "gb_per_s": cast_bytes / t_cast.median / 1e9,
+    }
     return [fp8, cast_row]
 
 
@@ -151,8 +155,10 @@ def gemm_rows(
     a = torch.randn(tokens, h, generator=gen, device=device).to(torch.bfloat16)
     b = torch.randn(h, 4 * h, generator=gen, device=device).to(torch.bfloat16)
     t_bf16 = benchmark(lambda: torch.matmul(a, b), *timing, device)
-    bf16 = {**_row("bf16 matmul", tokens, h, t_bf16, device),
-            "tflops": 8.0 * tokens * h * h / t_bf16.median / 1e12}  # fmt: skip
+    bf16 = {
+        **_row("bf16 matmul", tokens, h, t_bf16, device),
+        "tflops": 8.0 * tokens * h * h / t_bf16.median / 1e12,
+    }
     reason = fp8_skip_reason(device, tokens, h)
     if reason is None:
         return [bf16, *_fp8_rows(a, b, t_bf16, timing)]

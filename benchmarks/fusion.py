@@ -43,8 +43,12 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default=None, help="ci or hopper (default: $TUTORIAL_PRESET/auto)")
-    p.add_argument("--dtype", choices=list(DTYPES), default=None,
-                   help="op dtype (default: bf16 on a GPU, fp32 on a CPU)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default=None,
+        help="op dtype (default: bf16 on a GPU, fp32 on a CPU)",
+    )
     p.add_argument("--iters", type=int, default=None, help="timed calls per op (default: preset)")
     p.add_argument("--steps", type=int, default=None, help="training steps per whole-step row")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="results folder")
@@ -69,12 +73,17 @@ def main(argv: Sequence[str] | None = None) -> Path:
     env = {**environment_stamp(device), "preset": preset.name}
     _, triton_why = kernels.triton_status()
     meta = {
-        "preset": preset.name, "model": preset.model,
+        "preset": preset.name,
+        "model": preset.model,
         "model_config": dataclasses.asdict(preset.model_config()),
-        "batch": preset.bench_batch_size, "warmup": timing[0], "iters": timing[1],
-        "steps": steps, "cpu_threads": torch.get_num_threads(), "triton": triton_why,
+        "batch": preset.bench_batch_size,
+        "warmup": timing[0],
+        "iters": timing[1],
+        "steps": steps,
+        "cpu_threads": torch.get_num_threads(),
+        "triton": triton_why,
         "timing": "ops: median forward call, no autograd; steps: median Trainer step",
-    }  # fmt: skip
+    }
     title = f"fusion benchmark, preset {preset.name}"
     return write_and_print("fusion", title, rows, args.out, meta, env)
 

@@ -59,8 +59,14 @@ def notebook_rows(junit: Path, budget_s: float = BUDGET_S) -> list[dict[str, Any
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                 if message and "Timeout" in message[0]:
                     outcome = f"timed out ({message[0]})"
-        rows.append({"notebook": name, "seconds": round(seconds, 1), "outcome": outcome,
-                     "within_budget": outcome == "passed" and seconds <= budget_s})  # fmt: skip
+        rows.append(
+            {
+                "notebook": name,
+                "seconds": round(seconds, 1),
+                "outcome": outcome,
+                "within_budget": outcome == "passed" and seconds <= budget_s,
+            }
+        )
     if not rows:
         raise ValueError(f"{junit} has no notebook test cases (names ending in .ipynb).")
     return sorted(rows, key=lambda r: r["notebook"])
@@ -82,11 +88,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="seconds per notebook")
     p.add_argument("--check", action="store_true", help="exit 1 if a notebook is over budget")
     p.add_argument("--name", default="notebook_times", help="the record's benchmark name")
-    p.add_argument("--inductor-cache", choices=("warm", "cold", "unknown"), default="unknown",
-                   help="whether torch.compile's on-disk cache already held the notebooks' "
-                   "graphs (cold: a fresh machine or clone; compiling then dominates)")  # fmt: skip
-    p.add_argument("--how", default="make test: pytest -n 2 --nbmake, two notebooks at a time "
-                   "after the unit tests, OMP_NUM_THREADS=1", help="how the notebooks ran")  # fmt: skip
+    p.add_argument(
+        "--inductor-cache",
+        choices=("warm", "cold", "unknown"),
+        default="unknown",
+        help="whether torch.compile's on-disk cache already held the notebooks' "
+        "graphs (cold: a fresh machine or clone; compiling then dominates)",
+    )
+    p.add_argument(
+        "--how",
+        default="make test: pytest -n 2 --nbmake, two notebooks at a time "
+        "after the unit tests, OMP_NUM_THREADS=1",
+        help="how the notebooks ran",
+    )
     args = p.parse_args(argv)
     if args.budget_s <= 0:
         p.error(f"--budget-s must be positive, got {args.budget_s}")
@@ -101,8 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     env = environment_stamp("cpu")  # preset: TUTORIAL_PRESET, which make test sets to ci
-    meta = {"budget_s": args.budget_s, "how": args.how, "inductor_cache": args.inductor_cache,
-            "total_s": round(sum(r["seconds"] for r in rows), 1)}  # fmt: skip
+    meta = {
+        "budget_s": args.budget_s,
+        "how": args.how,
+        "inductor_cache": args.inductor_cache,
+        "total_s": round(sum(r["seconds"] for r in rows), 1),
+    }
     title = f"notebook run times, budget {args.budget_s:.0f} s each"
     write_and_print(args.name, title, rows, args.out, meta, env)
     late = problems(rows, args.budget_s)

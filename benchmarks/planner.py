@@ -67,16 +67,22 @@ def plan_rows(args: argparse.Namespace, job: Job) -> list[dict[str, Any]]:
     failed = random_failures(job.cluster.n_gpus, args.fraction, seed=args.seed)
     rows = []
     for policy in POLICIES:
-        timing = benchmark(lambda p=policy: plan(job, failed, p), warmup=1, iters=args.repeats,
-                           device="cpu")  # fmt: skip
+        timing = benchmark(
+            lambda p=policy: plan(job, failed, p), warmup=1, iters=args.repeats, device="cpu"
+        )
         result = plan(job, failed, policy)
-        rows.append({
-            "op": f"plan {policy}", "gpus": job.cluster.n_gpus, "failed": len(failed),
-            "median_ms": timing.median * 1e3, "replicas": len(result.replicas),
-            "degraded": sum(r.failed > 0 for r in result.replicas),
-            "throughput": result.throughput,
-            "max_power": max((r.power for r in result.replicas), default=1.0),
-        })  # fmt: skip
+        rows.append(
+            {
+                "op": f"plan {policy}",
+                "gpus": job.cluster.n_gpus,
+                "failed": len(failed),
+                "median_ms": timing.median * 1e3,
+                "replicas": len(result.replicas),
+                "degraded": sum(r.failed > 0 for r in result.replicas),
+                "throughput": result.throughput,
+                "max_power": max((r.power for r in result.replicas), default=1.0),
+            }
+        )
     return rows
 
 
@@ -89,12 +95,18 @@ def reproduce_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
             start = time.perf_counter()
             report = ntp_reproduce(seed=args.seed, samples=args.samples, quick=quick)
             times.append(time.perf_counter() - start)
-        rows.append({
-            "op": "ntp-reproduce --quick" if quick else "ntp-reproduce",
-            "gpus": report["availability"]["gpus"], "failed": None,
-            "median_ms": float(np.median(times)) * 1e3, "replicas": None, "degraded": None,
-            "throughput": None, "max_power": None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "op": "ntp-reproduce --quick" if quick else "ntp-reproduce",
+                "gpus": report["availability"]["gpus"],
+                "failed": None,
+                "median_ms": float(np.median(times)) * 1e3,
+                "replicas": None,
+                "degraded": None,
+                "throughput": None,
+                "max_power": None,
+            }
+        )
     return rows
 
 
@@ -106,10 +118,14 @@ def main(argv: Sequence[str] | None = None) -> Path:
     rows = plan_rows(args, job) + reproduce_rows(args)
     env = {**environment_stamp(torch.device("cpu")), "preset": preset.name}
     meta = {
-        "job": "planner.Job.paper()", "fraction": args.fraction, "samples": args.samples,
-        "seed": args.seed, "repeats": args.repeats, "numpy": np.__version__,
+        "job": "planner.Job.paper()",
+        "fraction": args.fraction,
+        "samples": args.samples,
+        "seed": args.seed,
+        "repeats": args.repeats,
+        "numpy": np.__version__,
         "timing": "median wall time; plans after one warm-up call, ntp-reproduce runs without",
-    }  # fmt: skip
+    }
     title = f"planner benchmark, preset {preset.name}"
     return write_and_print("planner", title, rows, args.out, meta, env)
 

@@ -42,7 +42,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--model", default=None, help="a MODEL_SIZES name instead of the preset's")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default: preset)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="results folder")  # fmt: skip
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="results folder")
     args = p.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
@@ -61,8 +61,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
     if args.steps is not None:
         timing = (min(preset.bench_warmup, args.steps), args.steps)
     names = [n.strip() for n in args.policies.split(",")] if args.policies else None
-    rows = benchmark_policies(preset, policies=names or available_policies(), batch=batch,
-                              timing=timing)  # fmt: skip
+    rows = benchmark_policies(
+        preset, policies=names or available_policies(), batch=batch, timing=timing
+    )
     env = {**environment_stamp(default_device()), "preset": preset.name}
     meta = {
         "preset": preset.name,

@@ -36,28 +36,86 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # nbmake's dependency closure (and ipywidgets, which chapters 3-5 use), minus the image's.
 NEEDED = (
-    "nbmake", "nbclient", "nbformat", "fastjsonschema", "jsonschema",
-    "jsonschema-specifications", "referencing", "rpds-py", "ipykernel", "ipython",
-    "ipython-pygments-lexers", "jedi", "parso", "pexpect", "ptyprocess", "prompt-toolkit",
-    "wcwidth", "stack-data", "asttokens", "executing", "pure-eval", "traitlets", "comm",
-    "debugpy", "matplotlib-inline", "jupyter-client", "jupyter-core", "platformdirs", "pyzmq",
-    "tornado", "nest-asyncio2", "ipywidgets", "widgetsnbextension", "jupyterlab-widgets",
-)  # fmt: skip
+    "nbmake",
+    "nbclient",
+    "nbformat",
+    "fastjsonschema",
+    "jsonschema",
+    "jsonschema-specifications",
+    "referencing",
+    "rpds-py",
+    "ipykernel",
+    "ipython",
+    "ipython-pygments-lexers",
+    "jedi",
+    "parso",
+    "pexpect",
+    "ptyprocess",
+    "prompt-toolkit",
+    "wcwidth",
+    "stack-data",
+    "asttokens",
+    "executing",
+    "pure-eval",
+    "traitlets",
+    "comm",
+    "debugpy",
+    "matplotlib-inline",
+    "jupyter-client",
+    "jupyter-core",
+    "platformdirs",
+    "pyzmq",
+    "tornado",
+    "nest-asyncio2",
+    "ipywidgets",
+    "widgetsnbextension",
+    "jupyterlab-widgets",
+)
 # Packages the offline H200 image (Python 3.12, CUDA torch) already has that the wheels above
 # require, as listed on 2026-11-17. Carry one of these only for another version.
-IMAGE = frozenset({
-    "attrs", "packaging", "psutil", "pygments", "pytest", "python-dateutil", "six",
-    "typing-extensions", "pytest-xdist", "execnet", "pluggy", "iniconfig", "tqdm", "matplotlib",
-    "numpy", "torch", "triton", "setuptools", "jinja2", "markupsafe", "pyyaml",
-})  # fmt: skip
+IMAGE = frozenset(
+    {
+        "attrs",
+        "packaging",
+        "psutil",
+        "pygments",
+        "pytest",
+        "python-dateutil",
+        "six",
+        "typing-extensions",
+        "pytest-xdist",
+        "execnet",
+        "pluggy",
+        "iniconfig",
+        "tqdm",
+        "matplotlib",
+        "numpy",
+        "torch",
+        "triton",
+        "setuptools",
+        "jinja2",
+        "markupsafe",
+        "pyyaml",
+    }
+)
 # pip matches manylinux_2_N exactly: name every N the wheels above use.
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(39, 16, -1)] + [
-    "manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64",
-]  # fmt: skip
-TARGET_ENV = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
-              "implementation_name": "cpython", "platform_python_implementation": "CPython",
-              "sys_platform": "linux", "os_name": "posix", "platform_system": "Linux",
-              "platform_machine": "x86_64", "extra": ""}  # fmt: skip
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+]
+TARGET_ENV = {
+    **default_environment(),
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "sys_platform": "linux",
+    "os_name": "posix",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "extra": "",
+}
 
 
 def pinned_versions(names: Iterable[str]) -> dict[str, str]:
@@ -74,9 +132,22 @@ def pinned_versions(names: Iterable[str]) -> dict[str, str]:
 
 
 def download(name: str, version: str, dest: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-           "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-           "--dest", str(dest), f"{name}=={version}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--dest",
+        str(dest),
+        f"{name}=={version}",
+    ]
     for platform in PLATFORMS:
         cmd[-1:-1] = ["--platform", platform]
     subprocess.run(cmd, check=True)

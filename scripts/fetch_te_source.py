@@ -60,10 +60,19 @@ def is_complete(version: str, cache_dir: Path = CACHE_DIR) -> bool:
 
 def _download(version: str, dest: Path) -> Path:
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-        "--disable-pip-version-check", "--quiet", "--dest", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--dest",
+        str(dest),
         f"transformer-engine=={version}",
-    ]  # fmt: skip
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(

@@ -90,8 +90,18 @@ def plan_steps(
         name: (python, f"benchmarks/{name}.py", *out) for name in ("precision", "fp8", "fusion")
     }
     argvs["ladder"] = (python, "-m", "tutorial_lib", "bench", "--ladder", *out)
-    argvs["notebooks"] = (python, "-m", "pytest", "-n", str(jobs), "-p", "no:cacheprovider",
-                          "--nbmake", "--nbmake-timeout={timeout}", "book/chapters")  # fmt: skip
+    argvs["notebooks"] = (
+        python,
+        "-m",
+        "pytest",
+        "-n",
+        str(jobs),
+        "-p",
+        "no:cacheprovider",
+        "--nbmake",
+        "--nbmake-timeout={timeout}",
+        "book/chapters",
+    )
     steps = []
     for name in STEP_NAMES:
         skip = None
@@ -119,8 +129,12 @@ def child_env(
     env = dict(os.environ if base is None else base)
     env.pop("MPLBACKEND", None)  # notebooks keep their inline backend (figures in the output)
     path = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    env.update(PYTHONUNBUFFERED="1", TUTORIAL_PRESET=preset, PYTHONPATH=os.pathsep.join(path),
-               TUTORIAL_RESULTS_DIR=str(results))  # fmt: skip
+    env.update(
+        PYTHONUNBUFFERED="1",
+        TUTORIAL_PRESET=preset,
+        PYTHONPATH=os.pathsep.join(path),
+        TUTORIAL_RESULTS_DIR=str(results),
+    )
     env.update(extra)
     return env
 
@@ -185,8 +199,12 @@ def run_steps(
             later = [s.reserve for s in todo[todo.index(step) + 1 :]]
             out.append(_run_one(step, preset, results, remaining, budget, later, runner, clock))
         r = out[-1]
-        print(f"[hopper-check] {r.name}: {r.status}" + (f" ({r.reason})" if r.reason else "")
-              + f", {r.seconds:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"[hopper-check] {r.name}: {r.status}"
+            + (f" ({r.reason})" if r.reason else "")
+            + f", {r.seconds:.0f} s",
+            flush=True,
+        )
     return out
 
 
@@ -228,23 +246,40 @@ def write_report(
     results.mkdir(parents=True, exist_ok=True)
     files = [f for r in steps for f in r.files]
     record = {
-        "check": "hopper_check", "preset": preset, "environment": env, "budget_s": budget,
-        "total_s": sum(r.seconds for r in steps), "ok": exit_code(steps) == 0,
-        "steps": [asdict(r) for r in steps], "skipped_rows": skipped_rows(results, files),
-    }  # fmt: skip
+        "check": "hopper_check",
+        "preset": preset,
+        "environment": env,
+        "budget_s": budget,
+        "total_s": sum(r.seconds for r in steps),
+        "ok": exit_code(steps) == 0,
+        "steps": [asdict(r) for r in steps],
+        "skipped_rows": skipped_rows(results, files),
+    }
     path = results / f"hopper_check-{preset}.json"
     path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    stamp = ", ".join(f"{k} {env.get(k) or 'n/a'}" for k in
-                      ("device", "driver", "cuda", "torch", "triton", "python"))  # fmt: skip
-    lines = [f"# hopper_check, preset {preset}", "",
-             f"Run on {env.get('date', '?')}: {stamp}.", "", env.get("device_summary") or "", "",
-             f"Budget {budget:.0f} s, used {record['total_s']:.0f} s; "
-             f"{'all steps passed' if record['ok'] else 'NOT all steps passed'}.", "",
-             "| step | status | seconds | timeout s | reason | files |", "|---|---|---|---|---|---|"]  # fmt: skip
+    stamp = ", ".join(
+        f"{k} {env.get(k) or 'n/a'}"
+        for k in ("device", "driver", "cuda", "torch", "triton", "python")
+    )
+    lines = [
+        f"# hopper_check, preset {preset}",
+        "",
+        f"Run on {env.get('date', '?')}: {stamp}.",
+        "",
+        env.get("device_summary") or "",
+        "",
+        f"Budget {budget:.0f} s, used {record['total_s']:.0f} s; "
+        f"{'all steps passed' if record['ok'] else 'NOT all steps passed'}.",
+        "",
+        "| step | status | seconds | timeout s | reason | files |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in steps:
         timeout = "" if r.timeout_s is None else f"{r.timeout_s:.0f}"
-        lines.append(f"| {r.name} | {r.status} | {r.seconds:.0f} | {timeout} | {r.reason} | "
-                     f"{'<br>'.join(r.files)} |")  # fmt: skip
+        lines.append(
+            f"| {r.name} | {r.status} | {r.seconds:.0f} | {timeout} | {r.reason} | "
+            f"{'<br>'.join(r.files)} |"
+        )
     if record["skipped_rows"]:
         lines += ["", "Result rows skipped, with the reason:", ""]
         lines += [f"- {line}" for line in record["skipped_rows"]]
@@ -297,11 +332,15 @@ def main(
     args = parse_args(argv)
     results = args.results.resolve()
     env = stamp(args.preset)
-    print(f"[hopper-check] preset {args.preset} on {env.get('device_summary') or env['device']}; "
-          f"budget {args.budget_s:.0f} s; results in {results}", flush=True)  # fmt: skip
+    print(
+        f"[hopper-check] preset {args.preset} on {env.get('device_summary') or env['device']}; "
+        f"budget {args.budget_s:.0f} s; results in {results}",
+        flush=True,
+    )
     cpu = env.get("device_type") != "cuda"
-    steps = plan_steps(args.preset, results, sys.executable, args.skip_notebooks, args.only, cpu,
-                       args.jobs)  # fmt: skip
+    steps = plan_steps(
+        args.preset, results, sys.executable, args.skip_notebooks, args.only, cpu, args.jobs
+    )
     done = run_steps(steps, args.preset, results, args.budget_s, runner)
     json_path, md_path = write_report(results, args.preset, env, done, args.budget_s)
     print(md_path.read_text(encoding="utf-8"))

@@ -17,8 +17,19 @@ from tutorial_lib.precision import available_policies
 
 # 1 layer, 2 heads of 7, context 11, vocab 61: a step takes milliseconds even in BF16 on a CPU.
 BENCH_TINY = GPTConfig(vocab_size=61, block_size=11, n_layer=1, n_head=2, n_embd=14)
-STAMP_KEYS = {"date", "device", "device_summary", "compute_capability", "torch", "cuda",
-              "driver", "triton", "python", "platform", "preset"}  # fmt: skip
+STAMP_KEYS = {
+    "date",
+    "device",
+    "device_summary",
+    "compute_capability",
+    "torch",
+    "cuda",
+    "driver",
+    "triton",
+    "python",
+    "platform",
+    "preset",
+}
 ON_CPU = not torch.cuda.is_available()
 
 
@@ -92,9 +103,21 @@ def test_model_batch_and_steps_overrides(
     bench: ModuleType, tiny_preset: RunPreset, tmp_path: Path
 ) -> None:
     path = bench.main(
-        ["--preset", "hopper", "--model", "bench-tiny", "--batch", "2", "--steps", "2",
-         "--policies", "fp32", "--out", str(tmp_path)]
-    )  # fmt: skip
+        [
+            "--preset",
+            "hopper",
+            "--model",
+            "bench-tiny",
+            "--batch",
+            "2",
+            "--steps",
+            "2",
+            "--policies",
+            "fp32",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     record = _load(path)
     assert record["environment"]["preset"] == "hopper"  # the preset used, not the env's
     assert record["meta"]["model_config"]["vocab_size"] == 256  # hopper's override kept

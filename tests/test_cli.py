@@ -62,9 +62,22 @@ def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def _train_args(out: Path, data: Path, steps: int, *extra: str) -> list[str]:
     return [
-        "train", "--preset", "ci", "--steps", str(steps), "--batch-size", "2", "--data",
-        str(data), "--out", str(out), "--device", "cpu", "--no-progress", *extra,
-    ]  # fmt: skip
+        "train",
+        "--preset",
+        "ci",
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "2",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def test_train_then_resume(
@@ -165,8 +178,11 @@ def test_negative_checkpoint_every_fails_cleanly(
 def test_module_help_in_a_subprocess() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tutorial_lib", "--help"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "info" in proc.stdout and "train" in proc.stdout
     assert proc.stdout.startswith("usage: python -m tutorial_lib")

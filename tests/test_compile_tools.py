@@ -110,8 +110,9 @@ def test_measure_compile_counts_graph_breaks_with_reasons() -> None:
 def test_measure_compile_validates_and_reports_compile_time() -> None:
     with pytest.raises(ValueError, match="steady_iters"):
         measure_compile(lambda: None, steady_iters=0)
-    report = CompileReport(first_call_s=2.0, steady_s=0.5, graphs=1, graph_breaks=0,
-                           generated_kernels=3)  # fmt: skip
+    report = CompileReport(
+        first_call_s=2.0, steady_s=0.5, graphs=1, graph_breaks=0, generated_kernels=3
+    )
     assert report.compile_s == 1.5
     assert CompileReport(0.1, 0.2, 1, 0, None).compile_s == 0.0
 

@@ -33,9 +33,16 @@ from tutorial_lib.parallel.cost_model import (
 )
 
 # A toy cluster with round numbers: 100 B/s NVLink, 10 B/s scale-out, perfect collectives.
-TOY = ClusterSpec(name="toy", gpu=CLUSTERS["DGX H100"].gpu, n_gpus=8, domain_size=8,
-                  nvlink_bandwidth=100.0, scaleout_bandwidth=10.0, collective_efficiency=1.0,
-                  collective_latency=0.0)  # fmt: skip
+TOY = ClusterSpec(
+    name="toy",
+    gpu=CLUSTERS["DGX H100"].gpu,
+    n_gpus=8,
+    domain_size=8,
+    nvlink_bandwidth=100.0,
+    scaleout_bandwidth=10.0,
+    collective_efficiency=1.0,
+    collective_latency=0.0,
+)
 SMALL = ModelSpec(layers=8, hidden=64, heads=8, vocab=100, seq=16)
 
 
@@ -73,7 +80,9 @@ def test_training_flops_by_hand() -> None:
     assert training_flops(m, 2, "full") == pytest.approx(
         96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
     )
-    assert training_flops(m, 2, "selective") == pytest.approx(72 * B * s * L * h**2 * (1 + s / (3 * h) + V / (12 * h * L)))  # fmt: skip
+    assert training_flops(m, 2, "selective") == pytest.approx(
+        72 * B * s * L * h**2 * (1 + s / (3 * h) + V / (12 * h * L))
+    )
 
 
 # ---- communication and the bubble --------------------------------------------------------
@@ -116,7 +125,9 @@ def test_activation_memory_by_hand() -> None:
     five_as_h = 5 * 2 * 3 / 4  # 7.5
     assert activation_bytes_per_layer(m, 2) == 24 * (34 + five_as_h)
     assert activation_bytes_per_layer(m, 2, tp=2) == 24 * (10 + 24 / 2 + five_as_h / 2)
-    assert activation_bytes_per_layer(m, 2, tp=2, sequence_parallel=True) == 24 / 2 * (34 + five_as_h)  # fmt: skip
+    assert activation_bytes_per_layer(m, 2, tp=2, sequence_parallel=True) == 24 / 2 * (
+        34 + five_as_h
+    )
     assert activation_bytes_per_layer(m, 2, 2, True, "selective") == 34 * 24 / 2
     assert activation_bytes_per_layer(m, 2, 2, False, "selective") == 24 * (10 + 24 / 2)
     assert activation_bytes_per_layer(m, 2, 2, False, "full") == 2 * 24
@@ -163,8 +174,9 @@ def test_iteration_time_parts() -> None:
     steady = t["compute"] + t["memory_bound"] + t["tp_comm"] + t["pp_p2p"]
     assert t["pp_bubble"] == pytest.approx(steady * 1 / 8)  # (p - 1)/m with m = 16/2
     assert min(t.parts.values()) >= 0 and t["tp_comm"] > 0 and t["pp_p2p"] > 0
-    overlapped = iteration_time(model, cluster, dataclasses.replace(par, overlap_dp_comm=True),
-                                compute_efficiency=0.5)  # fmt: skip
+    overlapped = iteration_time(
+        model, cluster, dataclasses.replace(par, overlap_dp_comm=True), compute_efficiency=0.5
+    )
     assert overlapped["dp_comm"] < t["dp_comm"]
     single = dataclasses.replace(par, tp=1, pp=1, dp=16)
     flat = iteration_time(model, cluster, single)
@@ -177,7 +189,9 @@ def test_fp8_uses_the_fp8_peak_and_a100_has_none() -> None:
     model, cluster = SMALL, CLUSTERS["DGX H100"]
     par = ParallelConfig(dp=8, global_batch=8)
     bf16 = iteration_time(model, cluster, par)["compute"]
-    assert iteration_time(model, cluster, dataclasses.replace(par, dtype="fp8"))["compute"] == pytest.approx(bf16 / 2)  # fmt: skip
+    assert iteration_time(model, cluster, dataclasses.replace(par, dtype="fp8"))[
+        "compute"
+    ] == pytest.approx(bf16 / 2)
     with pytest.raises(ValueError, match="no fp8 peak"):
         iteration_time(model, CLUSTERS["DGX A100 (Selene)"], dataclasses.replace(par, dtype="fp8"))
 
@@ -280,9 +294,16 @@ def test_table1_predictions_within_stated_bounds() -> None:
 
 def test_table1_configurations_fit_in_80_gb() -> None:
     for row in validation_table():
-        model = ModelSpec(layers=row["layers"], hidden=row["hidden"], heads=row["heads"],
-                          vocab=51200, seq=2048)  # fmt: skip
-        par = ParallelConfig(tp=row["tp"], pp=row["pp"], dp=row["dp"], global_batch=row["batch"],
-                             recompute="full", dtype="fp16")  # fmt: skip
+        model = ModelSpec(
+            layers=row["layers"], hidden=row["hidden"], heads=row["heads"], vocab=51200, seq=2048
+        )
+        par = ParallelConfig(
+            tp=row["tp"],
+            pp=row["pp"],
+            dp=row["dp"],
+            global_batch=row["batch"],
+            recompute="full",
+            dtype="fp16",
+        )
         cluster = CLUSTERS["DGX A100 (Selene)"].with_gpus(row["gpus"])
         assert memory_per_gpu(model, cluster, par).total < 80e9

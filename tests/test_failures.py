@@ -171,9 +171,17 @@ def test_fraction_of_time_above_is_exact() -> None:
 
 
 # ---- random failures, domains and replicas -----------------------------------------------------
-@pytest.mark.parametrize(("n", "fraction", "count"),
-                         [(32768, 0.001, 33), (1000, 0.0025, 2), (1000, 0.0035, 4), (7, 0.0, 0),
-                          (7, 1.0, 7), (131072, 0.01, 1311)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("n", "fraction", "count"),
+    [
+        (32768, 0.001, 33),
+        (1000, 0.0025, 2),
+        (1000, 0.0035, 4),
+        (7, 0.0, 0),
+        (7, 1.0, 7),
+        (131072, 0.01, 1311),
+    ],
+)
 def test_random_failures_exact_count_distinct_sorted(n: int, fraction: float, count: int) -> None:
     idx = random_failures(n, fraction, seed=1)
     assert len(idx) == count == round(fraction * n)
@@ -231,17 +239,34 @@ def test_availability_of_random_failures_matches_the_closed_form() -> None:
 # ---- benchmarks/failures.py --------------------------------------------------------------------
 def test_benchmark_smoke(load_benchmark: Callable[[str], ModuleType], tmp_path: Path) -> None:
     bench = load_benchmark("failures.py")
-    argv = ["--gpus", "1024,2048", "--days", "2", "--avail-gpus", "1024", "--tp", "8,64",
-            "--repeats", "1", "--preset", "ci", "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "--gpus",
+        "1024,2048",
+        "--days",
+        "2",
+        "--avail-gpus",
+        "1024",
+        "--tp",
+        "8,64",
+        "--repeats",
+        "1",
+        "--preset",
+        "ci",
+        "--out",
+        str(tmp_path),
+    ]
     path = bench.main(argv)
     assert path.parent == tmp_path and path.name.startswith("failures__")
     record = json.loads(path.read_text())
     assert record["benchmark"] == "failures" and record["environment"]["preset"] == "ci"
     assert record["environment"]["device_summary"]
     ops = [(r["op"], r["gpus"]) for r in record["rows"]]
-    assert ops == [("simulate_trace", 1024), ("simulate_trace", 2048),
-                   ("random_failures + availability", 1024),
-                   ("random_failures + availability", 1024)]  # fmt: skip
+    assert ops == [
+        ("simulate_trace", 1024),
+        ("simulate_trace", 2048),
+        ("random_failures + availability", 1024),
+        ("random_failures + availability", 1024),
+    ]
     assert all(r["median_ms"] > 0 for r in record["rows"])
     assert [r["tp"] for r in record["rows"][2:]] == [8, 64]
     assert path.with_suffix(".md").exists()

@@ -153,10 +153,14 @@ def test_tf32_matches_bit_rounding() -> None:
 
 @pytest.mark.parametrize(
     ("fmt", "dtype"),
-    [(E4M3, torch.float8_e4m3fn), (E5M2, torch.float8_e5m2),
-     (E4M3FNUZ, torch.float8_e4m3fnuz), (E5M2FNUZ, torch.float8_e5m2fnuz)],
+    [
+        (E4M3, torch.float8_e4m3fn),
+        (E5M2, torch.float8_e5m2),
+        (E4M3FNUZ, torch.float8_e4m3fnuz),
+        (E5M2FNUZ, torch.float8_e5m2fnuz),
+    ],
     ids=["e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"],
-)  # fmt: skip
+)
 def test_fp8_values_match_torch_codes(fmt: FloatFormat, dtype: torch.dtype) -> None:
     codes = all_codes(dtype).double()
     expected = torch.unique(codes[torch.isfinite(codes)])
@@ -178,10 +182,13 @@ def test_e4m3fn_matches_torch_in_range_and_saturating() -> None:
 
 @pytest.mark.parametrize(
     ("fmt", "dtype"),
-    [(E5M2, torch.float8_e5m2), (E4M3FNUZ, torch.float8_e4m3fnuz),
-     (E5M2FNUZ, torch.float8_e5m2fnuz)],
+    [
+        (E5M2, torch.float8_e5m2),
+        (E4M3FNUZ, torch.float8_e4m3fnuz),
+        (E5M2FNUZ, torch.float8_e5m2fnuz),
+    ],
     ids=["e5m2", "e4m3fnuz", "e5m2fnuz"],
-)  # fmt: skip
+)
 def test_non_saturating_fp8_matches_torch(fmt: FloatFormat, dtype: torch.dtype) -> None:
     """torch does not saturate these: E5M2 overflows to inf (70000 -> inf), fnuz to NaN."""
     x = torch.cat([grid_and_ties(dtype), random_float32(100_000, seed=5)])
@@ -218,8 +225,9 @@ def brute_force(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
 @pytest.mark.parametrize("man_bits", [1, 2, 4, 9])
 @pytest.mark.parametrize("encoding", ["ieee", "fn", "fnuz"])
 def test_small_formats_match_brute_force(exp_bits: int, man_bits: int, encoding: str) -> None:
-    fmt = FloatFormat("x", exp_bits, man_bits, ieee_special=encoding == "ieee",
-                      nan_encoding=encoding)  # fmt: skip
+    fmt = FloatFormat(
+        "x", exp_bits, man_bits, ieee_special=encoding == "ieee", nan_encoding=encoding
+    )
     values = representable_values(fmt)
     top = values[-1] + 2.0 ** (fmt.emax - fmt.man_bits)
     ext = torch.cat([values, top[None]])
@@ -228,8 +236,16 @@ def test_small_formats_match_brute_force(exp_bits: int, man_bits: int, encoding:
     logs = torch.empty(20_000, dtype=torch.float64).uniform_(
         math.log(fmt.min_subnormal / 4), math.log(fmt.max * 4), generator=g
     )
-    x = torch.cat([values, mids, torch.nextafter(mids, mids * 2), torch.nextafter(mids, -mids),
-                   logs.exp(), 2 * top[None]])  # fmt: skip
+    x = torch.cat(
+        [
+            values,
+            mids,
+            torch.nextafter(mids, mids * 2),
+            torch.nextafter(mids, -mids),
+            logs.exp(),
+            2 * top[None],
+        ]
+    )
     x = torch.cat([x, -x])
     assert_same(round_to_format(x, fmt), brute_force(x, fmt), x)
 
@@ -239,8 +255,11 @@ def test_small_formats_match_brute_force(exp_bits: int, man_bits: int, encoding:
 
 def test_known_constants() -> None:
     assert (FP16.max, FP16.min_normal, FP16.min_subnormal, FP16.eps) == (
-        65504.0, 2.0**-14, 2.0**-24, 2.0**-10,
-    )  # fmt: skip
+        65504.0,
+        2.0**-14,
+        2.0**-24,
+        2.0**-10,
+    )
     assert BF16.max == pytest.approx(3.3895e38, rel=1e-4) and BF16.eps == 2.0**-7
     assert BF16.max == torch.finfo(torch.bfloat16).max
     assert FP32.max == pytest.approx(3.4028e38, rel=1e-4) and FP32.max == torch.finfo().max

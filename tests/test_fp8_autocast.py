@@ -22,8 +22,9 @@ RECIPE = DelayedScaling(amax_history_len=4)
 
 def _stack(seed: int = 0) -> nn.Sequential:
     torch.manual_seed(seed)
-    return nn.Sequential(FP8Linear(32, 64, amax_history_len=4), nn.GELU(),
-                         FP8Linear(64, 16, amax_history_len=4))  # fmt: skip
+    return nn.Sequential(
+        FP8Linear(32, 64, amax_history_len=4), nn.GELU(), FP8Linear(64, 16, amax_history_len=4)
+    )
 
 
 def _snapshot(layer: FP8Linear) -> dict[str, torch.Tensor]:

@@ -81,8 +81,11 @@ def test_backward_matches_float64_reference(fmt: Format, grad_format: object) ->
     layer = _layer()
     x = torch.randn(3, 8, 48, requires_grad=True)
     dy = torch.randn(3, 8, 80)
-    s_x, s_w, s_g = (layer.fp8_scale_fwd[0].clone(), layer.fp8_scale_fwd[1].clone(),
-                     layer.fp8_scale_bwd[0].clone())  # fmt: skip
+    s_x, s_w, s_g = (
+        layer.fp8_scale_fwd[0].clone(),
+        layer.fp8_scale_fwd[1].clone(),
+        layer.fp8_scale_bwd[0].clone(),
+    )
     with autocast(recipe=DelayedScaling(fp8_format=fmt, amax_history_len=4)):
         out = layer(x)
     out.backward(dy)

@@ -92,8 +92,9 @@ def test_efficiency() -> None:
     assert both.fp8_total_s == pytest.approx(2 * full.fp8_total_s)
 
 
-@pytest.mark.parametrize("kwargs", [{"efficiency": 0.0}, {"efficiency": 1.5},
-                                    {"bandwidth_efficiency": -1.0}])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs", [{"efficiency": 0.0}, {"efficiency": 1.5}, {"bandwidth_efficiency": -1.0}]
+)
 def test_bad_efficiency(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="efficiency"):
         linear_layer_cost(16, 16, 16, H100, **kwargs)

@@ -68,5 +68,7 @@ def test_capture_only_named_layers(tiny_cfg: GPTConfig) -> None:
     idx = torch.randint(tiny_cfg.vocab_size, (2, tiny_cfg.block_size))
     got = capture_gemm_tensors(model, idx, idx, names=["blocks.1.mlp.proj"])
     assert list(got) == ["blocks.1.mlp.proj"] and set(got["blocks.1.mlp.proj"]) == {
-        "input", "weight", "grad_output"
-    }  # fmt: skip
+        "input",
+        "weight",
+        "grad_output",
+    }

@@ -34,9 +34,15 @@ def _trainer(
     model: GPT, data: TokenData, precision: str, steps: int, out: Path | None = None
 ) -> Trainer:
     cfg = TrainConfig(
-        steps=steps, batch_size=8, lr=3e-3, warmup_steps=2, eval_every=0, precision=precision,
-        progress=False, seed=0,
-    )  # fmt: skip
+        steps=steps,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_every=0,
+        precision=precision,
+        progress=False,
+        seed=0,
+    )
     return Trainer(copy.deepcopy(model), data, cfg, device="cpu", out_dir=out)
 
 
@@ -113,8 +119,22 @@ def test_resume_reproduces_the_uninterrupted_run(
 
 def test_cli_trains_with_fp8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    args = ["train", "--precision", "fp8", "--preset", "ci", "--steps", "3", "--batch-size", "4",
-            "--out", str(out), "--device", "cpu", "--no-progress"]  # fmt: skip
+    args = [
+        "train",
+        "--precision",
+        "fp8",
+        "--preset",
+        "ci",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     assert main(args) == 0, capsys.readouterr().err
     assert (out / "checkpoint.pt").exists()
     state = load_checkpoint(out / "checkpoint.pt")["model"]

@@ -96,8 +96,16 @@ def _train(
     data: TokenData, precision: str, steps: int, cfg: GPTConfig = TINY, **opts: bool
 ) -> Trainer:
     torch.manual_seed(0)
-    tc = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup_steps=1, eval_every=0,
-                     precision=precision, progress=False, **opts)  # fmt: skip
+    tc = TrainConfig(
+        steps=steps,
+        batch_size=4,
+        lr=3e-3,
+        warmup_steps=1,
+        eval_every=0,
+        precision=precision,
+        progress=False,
+        **opts,
+    )
     trainer = Trainer(GPT(cfg), data, tc, device="cpu")
     trainer.train()
     return trainer
@@ -154,7 +162,6 @@ def test_fused_combines_with_fp8(data_factory: Callable[..., TokenData]) -> None
 def test_compile_combines_with_fp8(data_factory: Callable[..., TokenData]) -> None:
     data = data_factory(block_size=FP8_CFG.block_size)
     fp8 = _train(data, "fp8", 3, cfg=FP8_CFG)
-    both = _train(data_factory(block_size=FP8_CFG.block_size), "fp8", 3, cfg=FP8_CFG,
-                  compile=True)  # fmt: skip
+    both = _train(data_factory(block_size=FP8_CFG.block_size), "fp8", 3, cfg=FP8_CFG, compile=True)
     for a, b in zip(_losses(both), _losses(fp8), strict=True):
         assert abs(a - b) < FP8_LOSS_TOLERANCE

@@ -37,20 +37,26 @@ def test_describe_cpu() -> None:
 
 # The two CPU kinds the book runs on (flags abridged from /proc/cpuinfo).
 EPYC_FLAGS = "fpu sse sse2 ssse3 sse4_1 sse4_2 fma avx f16c avx2 bmi2 sha_ni vaes"
-XEON_FLAGS = ("fpu sse sse2 ssse3 sse4_1 sse4_2 fma avx f16c avx2 avx512f avx512dq avx512_vnni "
-              "avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8")  # fmt: skip
+XEON_FLAGS = (
+    "fpu sse sse2 ssse3 sse4_1 sse4_2 fma avx f16c avx2 avx512f avx512dq avx512_vnni "
+    "avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8"
+)
 
 
 @pytest.mark.parametrize(
     "flags,isa,bf16,features",
     [
         (EPYC_FLAGS, "AVX2", "", ["AVX2"]),
-        (XEON_FLAGS, "AVX512", "AVX-512 BF16, AMX-BF16",
-         ["AVX2", "AVX-512", "AVX-512 BF16", "AVX-512 FP16", "AMX", "AMX-BF16"]),
+        (
+            XEON_FLAGS,
+            "AVX512",
+            "AVX-512 BF16, AMX-BF16",
+            ["AVX2", "AVX-512", "AVX-512 BF16", "AVX-512 FP16", "AMX", "AMX-BF16"],
+        ),
         ("fpu sse sse2", "DEFAULT", "", []),
         ("fp asimd sve i8mm bf16", "SVE256", "ARM BF16", ["SVE", "ARM BF16", "ARM I8MM"]),
     ],
-)  # fmt: skip
+)
 def test_cpu_capabilities_of_each_cpu_kind(
     monkeypatch: pytest.MonkeyPatch, flags: str, isa: str, bf16: str, features: list[str]
 ) -> None:

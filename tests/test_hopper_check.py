@@ -27,9 +27,18 @@ def _load() -> ModuleType:
 
 hc = _load()
 
-STAMP = {"date": "2026-11-20T10:00:00+00:00", "device": "NVIDIA H200", "device_type": "cuda",
-         "device_summary": "NVIDIA H200 (cuda, sm_90)", "driver": "580.159.04", "cuda": "13.0",
-         "torch": "2.11.0+cu130", "triton": "3.6.0", "python": "3.12.3", "preset": "hopper"}  # fmt: skip
+STAMP = {
+    "date": "2026-11-20T10:00:00+00:00",
+    "device": "NVIDIA H200",
+    "device_type": "cuda",
+    "device_summary": "NVIDIA H200 (cuda, sm_90)",
+    "driver": "580.159.04",
+    "cuda": "13.0",
+    "torch": "2.11.0+cu130",
+    "triton": "3.6.0",
+    "python": "3.12.3",
+    "preset": "hopper",
+}
 
 
 class FakeClock:
@@ -147,16 +156,23 @@ def test_timeout_fails_and_no_budget_is_incomplete(tmp_path: Path) -> None:
     late = hc.run_steps(steps, "hopper", tmp_path, 0.5, runner, clock)
     assert all(r.status == "skipped" and r.incomplete for r in late)
     assert hc.exit_code(late) == 1
-    chosen = hc.run_steps(hc.plan_steps("ci", tmp_path, "py", only="fp8"), "ci", tmp_path, 60.0,
-                          FakeRunner(FakeClock(), tmp_path), FakeClock())  # fmt: skip
+    chosen = hc.run_steps(
+        hc.plan_steps("ci", tmp_path, "py", only="fp8"),
+        "ci",
+        tmp_path,
+        60.0,
+        FakeRunner(FakeClock(), tmp_path),
+        FakeClock(),
+    )
     assert hc.exit_code(chosen) == 0  # steps left out on purpose are no failure
 
 
 def test_report_holds_stamp_statuses_files_and_skipped_rows(tmp_path: Path) -> None:
     clock = FakeClock()
     runner = FakeRunner(clock, tmp_path, codes={"notebooks": 1})
-    done = hc.run_steps(hc.plan_steps("hopper", tmp_path, "py"), "hopper", tmp_path, 480.0,
-                        runner, clock)  # fmt: skip
+    done = hc.run_steps(
+        hc.plan_steps("hopper", tmp_path, "py"), "hopper", tmp_path, 480.0, runner, clock
+    )
     json_path, md_path = hc.write_report(tmp_path, "hopper", STAMP, done, 480.0)
     assert json_path.name == "hopper_check-hopper.json" and md_path.suffix == ".md"
     record = json.loads(json_path.read_text())
@@ -166,9 +182,18 @@ def test_report_holds_stamp_statuses_files_and_skipped_rows(tmp_path: Path) -> N
     assert any(f.endswith(".json") for f in steps["fusion"]["files"])
     assert "fp8: te-fp8: Transformer Engine is not installed" in record["skipped_rows"]
     md = md_path.read_text()
-    for text in ("NVIDIA H200", "580.159.04", "2.11.0+cu130", "3.6.0", "13.0", "2026-11-20",
-                 "| notebooks | failed |", "| precision | ok |", "NOT all steps passed",
-                 "Transformer Engine is not installed"):  # fmt: skip
+    for text in (
+        "NVIDIA H200",
+        "580.159.04",
+        "2.11.0+cu130",
+        "3.6.0",
+        "13.0",
+        "2026-11-20",
+        "| notebooks | failed |",
+        "| precision | ok |",
+        "NOT all steps passed",
+        "Transformer Engine is not installed",
+    ):
         assert text in md
 
 
@@ -213,14 +238,26 @@ def _wheel(folder: Path, name: str, version: str, requires: Sequence[str]) -> Pa
     path = folder / f"{name}-{version}-py3-none-any.whl"
     meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{name}-{version}.dist-info/METADATA",
-                    f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{meta}")  # fmt: skip
+        zf.writestr(
+            f"{name}-{version}.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{meta}",
+        )
     return path
 
 
 def test_device_wheels_closure_and_stale_versions(tmp_path: Path) -> None:
-    a = _wheel(tmp_path, "nbmake", "1.5.5", ["nbclient>=0.6", "pytest>=6", "pywin32; sys_platform == 'win32'",
-                                             "black; extra == 'dev'", "tomli; python_version < '3.11'"])  # fmt: skip
+    a = _wheel(
+        tmp_path,
+        "nbmake",
+        "1.5.5",
+        [
+            "nbclient>=0.6",
+            "pytest>=6",
+            "pywin32; sys_platform == 'win32'",
+            "black; extra == 'dev'",
+            "tomli; python_version < '3.11'",
+        ],
+    )
     assert dw.wheel_requirements(a) == ["nbclient", "pytest"]  # markers for CPython 3.12, Linux
     assert dw.unmet([a]) == {a.name: ["nbclient"]}  # pytest is in the image
     b = _wheel(tmp_path, "nbclient", "0.11.0", ["traitlets"])

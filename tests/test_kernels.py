@@ -358,10 +358,16 @@ def _targets(m: int, v: int, ignore_every: int = 0, seed: int = 0) -> Tensor:
 
 @pytest.mark.parametrize(
     "m, v, block_v, dtype",
-    [(1823, 781, None, F32), (1823, 781, None, BF16), (97, 5000, 1024, F32), (97, 5000, 1000, BF16),
-     (3, 17, 4, F32), (1, 1, None, F32)],
+    [
+        (1823, 781, None, F32),
+        (1823, 781, None, BF16),
+        (97, 5000, 1024, F32),
+        (97, 5000, 1000, BF16),
+        (3, 17, 4, F32),
+        (1, 1, None, F32),
+    ],
     ids=str,
-)  # fmt: skip
+)
 def test_cross_entropy_matches_torch(m: int, v: int, block_v: int | None, dtype) -> None:
     """Against F.cross_entropy in float64, with ignored rows; block_v < V makes the online
     logsumexp run over several chunks (1000 is rounded up to a power of two, 1024)."""

@@ -30,17 +30,24 @@ from tutorial_lib.perf.ladder import (
 
 # The conftest TINY model at the ci preset's learning rate; 4 steps of 2 sequences.
 PRESET = dataclasses.replace(
-    PRESETS["ci"], model="tiny",
+    PRESETS["ci"],
+    model="tiny",
     model_overrides={"block_size": 29, "n_layer": 2, "n_head": 3, "n_embd": 36},
     bench_warmup=1,
-)  # fmt: skip
+)
 
 
 def test_rungs_are_cumulative_and_fusion_is_chosen() -> None:
     for fusion in FUSIONS:
         rungs = ladder_rungs(fusion)
-        assert [r.precision for r in rungs] == ["fp32", "tf32", "bf16", "bf16", "fp8",
-                                                "te-fp8-fused"]  # fmt: skip
+        assert [r.precision for r in rungs] == [
+            "fp32",
+            "tf32",
+            "bf16",
+            "bf16",
+            "fp8",
+            "te-fp8-fused",
+        ]
         assert rungs[3].compile == rungs[4].compile == (fusion in ("compile", "both"))
         assert rungs[3].fused == rungs[4].fused == (fusion in ("triton", "both"))
         assert not any(r.fused or r.compile for r in rungs[:3])
@@ -55,10 +62,13 @@ def test_final_loss_averages_the_last_fifth() -> None:
 
 @pytest.fixture(scope="module")
 def rows(data_factory: Callable[..., TokenData]) -> list[dict]:
-    rungs = [Rung("fp32", "fp32"), Rung("tf32", "tf32"), Rung("fused", "fp32", fused=True),
-             Rung("te", "te-fp8-fused")]  # fmt: skip
-    return run_ladder(PRESET, "cpu", rungs, steps=4, batch=2, data=data_factory(),
-                      progress=False)  # fmt: skip
+    rungs = [
+        Rung("fp32", "fp32"),
+        Rung("tf32", "tf32"),
+        Rung("fused", "fp32", fused=True),
+        Rung("te", "te-fp8-fused"),
+    ]
+    return run_ladder(PRESET, "cpu", rungs, steps=4, batch=2, data=data_factory(), progress=False)
 
 
 def test_ladder_runs_every_rung_on_the_same_batches(rows: list[dict]) -> None:
@@ -92,9 +102,25 @@ def test_cli_bench_ladder_writes_results(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("tutorial_lib.config.PRESETS", {**PRESETS, "ci": PRESET})
-    code = main(["bench", "--ladder", "--preset", "ci", "--rungs", "1,2,6", "--steps", "2",
-                 "--batch-size", "2", "--lr", "5e-4", "--out", str(tmp_path),
-                 "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "--ladder",
+            "--preset",
+            "ci",
+            "--rungs",
+            "1,2,6",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--lr",
+            "5e-4",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "1 fp32 eager" in out and "2 tf32" in out and "skipped" in out
@@ -123,16 +149,22 @@ def test_cli_bench_errors_are_clear(
 
 @pytest.mark.slow
 def test_fusion_benchmark_records_ops_and_steps(
-    load_benchmark: Callable[[str], ModuleType], tmp_path: Path,
+    load_benchmark: Callable[[str], ModuleType],
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     bench = load_benchmark("fusion.py")
     monkeypatch.setattr(bench, "get_preset", lambda name=None: PRESET)
     path = bench.main(["--iters", "1", "--steps", "2", "--out", str(tmp_path)])
     record = json.loads(path.read_text())
     ops = [r for r in record["rows"] if r["op"] != "training step"]
-    assert {r["op"] for r in ops} == {"bias + GELU", "LayerNorm", "residual add + LayerNorm",
-                                      "softmax", "cross-entropy"}  # fmt: skip
+    assert {r["op"] for r in ops} == {
+        "bias + GELU",
+        "LayerNorm",
+        "residual add + LayerNorm",
+        "softmax",
+        "cross-entropy",
+    }
     for r in ops:
         if r["impl"] == "triton":  # no GPU here: said, not timed
             assert "CUDA GPU only" in r["skipped"]

@@ -29,9 +29,12 @@ def test_compare_times_refuses_non_positive_times() -> None:
 
 
 def test_gemm_rates_sentence_and_table_follow_the_numbers() -> None:
-    rates = perf.GemmRates(n=100, seconds={"fp32": 2e-3, "bf16": 5e-4},
-                           paths={"fp32": "float32 matmul", "bf16": "bfloat16 matmul"},
-                           where="on this CPU (X; BF16 matrix instructions: AMX-BF16)")  # fmt: skip
+    rates = perf.GemmRates(
+        n=100,
+        seconds={"fp32": 2e-3, "bf16": 5e-4},
+        paths={"fp32": "float32 matmul", "bf16": "bfloat16 matmul"},
+        where="on this CPU (X; BF16 matrix instructions: AMX-BF16)",
+    )
     assert rates.gflops("fp32") == pytest.approx(2 * 100**3 / 2e-3 / 1e9)
     assert rates.compare("bf16", "fp32") == (
         "BF16 ran 4.0x faster than FP32 on this CPU (X; BF16 matrix instructions: AMX-BF16)"

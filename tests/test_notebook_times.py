@@ -37,8 +37,12 @@ def test_rows_from_a_junit_report(bench: ModuleType, tmp_path: Path) -> None:
     rows = bench.notebook_rows(report, budget_s=90)
     assert [r["notebook"] for r in rows] == ["00_z.ipynb", "01_a.ipynb", "02_b.ipynb", "03_c.ipynb"]
     by = {r["notebook"]: r for r in rows}
-    assert by["01_a.ipynb"] == {"notebook": "01_a.ipynb", "seconds": 41.3, "outcome": "passed",
-                                "within_budget": True}  # fmt: skip
+    assert by["01_a.ipynb"] == {
+        "notebook": "01_a.ipynb",
+        "seconds": 41.3,
+        "outcome": "passed",
+        "within_budget": True,
+    }
     assert by["02_b.ipynb"]["within_budget"] is False  # passed, but over the budget
     assert by["03_c.ipynb"]["outcome"].startswith("timed out (Failed: Timeout >240.0s")
     assert by["00_z.ipynb"]["outcome"] == "failed"
@@ -78,8 +82,10 @@ def test_clear_errors(
 
 def _newest(name: str) -> dict:
     records = load_results(name, ROOT / "benchmarks" / "results")
-    assert records, f"no {name} record in benchmarks/results: run make test, then " \
-        "python benchmarks/notebook_times.py --out benchmarks/results"  # fmt: skip
+    assert records, (
+        f"no {name} record in benchmarks/results: run make test, then "
+        "python benchmarks/notebook_times.py --out benchmarks/results"
+    )
     newest = records[0]
     chapters = sorted(p.name for p in (ROOT / "book" / "chapters").glob("*.ipynb"))
     assert [r["notebook"] for r in newest["rows"]] == chapters  # every chapter, no stale one

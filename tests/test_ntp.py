@@ -38,8 +38,12 @@ def test_plan_reduced_degree_and_padding() -> None:
     assert (r0.tp, r0.active, r0.failed, r0.deactivated) == (6, (0, 1, 3, 4, 6, 7), (2, 5), ())
     assert (r1.tp, r1.active, r1.degraded) == (8, tuple(range(8, 16)), False)
     # one failure, padded to two by switching off its highest-numbered healthy rank
-    assert (r2.tp, r2.active, r2.failed, r2.deactivated) == (6, (16, 18, 19, 20, 21, 22), (17,),
-                                                             (23,))  # fmt: skip
+    assert (r2.tp, r2.active, r2.failed, r2.deactivated) == (
+        6,
+        (16, 18, 19, 20, 21, 22),
+        (17,),
+        (23,),
+    )
     assert plan.world_size == 20 and plan.job_ranks[6] == 8
     assert plan.tp_group(1) == list(range(6, 14))
     assert plan.dp_group(0) == [0, 6, 14] and plan.dp_group(5) == [5, 11, 19]
@@ -83,7 +87,7 @@ MAPS = [  # (healthy map, reduced degree)
             [tuple(range(r, 192, 4)) for r in range(4)],
         ),
         3,
-    ),  # fmt: skip
+    ),
 ]
 
 
@@ -132,8 +136,10 @@ def test_resharded_gradient_is_the_degraded_shard(healthy: ShardMap, t: int) -> 
         def shard(m: ShardMap, r: int, spec=spec, full=full, total=total) -> torch.Tensor:
             return full.index_select(spec.dim, global_index(spec, getattr(m, spec.axis)[r], total))
 
-        pieces = [split_by_unit(shard(healthy, r), spec, getattr(healthy, spec.axis)[r])
-                  for r in range(healthy.tp)]  # fmt: skip
+        pieces = [
+            split_by_unit(shard(healthy, r), spec, getattr(healthy, spec.axis)[r])
+            for r in range(healthy.tp)
+        ]
         for i in range(t):
             got = dict(pieces[i])
             for route in routes:
@@ -201,8 +207,10 @@ def _check_job(results: list[dict], policy: str, steps: int) -> None:
     reference = train_reference(CFG, batches, steps)
     for r in replica_rank0:  # every replica holds the single-process model
         torch.testing.assert_close(r[policy]["state"], reference, **FP32)
-        assert all(torch.equal(r[policy]["state"][k], replica_rank0[0][policy]["state"][k])
-                   for k in reference)  # fmt: skip
+        assert all(
+            torch.equal(r[policy]["state"][k], replica_rank0[0][policy]["state"][k])
+            for k in reference
+        )
     grads = [r[policy]["replicated_grads"] for r in results]  # bitwise equal on every rank
     assert all(torch.equal(g[k], grads[0][k]) for g in grads for k in grads[0])
     if len(set(batches)) > 1:  # the test must fail if the gradients were averaged unweighted

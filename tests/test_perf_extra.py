@@ -34,9 +34,12 @@ def test_benchmark_rotates_inputs(warmup: int, iters: int, n: int) -> None:
     inputs = [(torch.full((3,), float(i)), i) for i in range(n)]
     seen: list[tuple[int, int]] = []
     result = benchmark(
-        lambda t, i: seen.append((id(t), i)), warmup=warmup, iters=iters, device="cpu",
+        lambda t, i: seen.append((id(t), i)),
+        warmup=warmup,
+        iters=iters,
+        device="cpu",
         inputs=inputs,
-    )  # fmt: skip
+    )
     assert result.iters == iters and len(seen) == warmup + iters
     timed = seen[warmup:]
     assert timed == [(id(inputs[i % n][0]), i % n) for i in range(iters)]
@@ -70,9 +73,17 @@ def test_benchmark_without_inputs_calls_with_no_arguments() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("32K", 32 * 1024), ("1024K", 2**20), ("32M", 32 * 2**20), ("32768K\n", 32 * 2**20),
-     ("1G", 2**30), ("48", 48), (" 12k ", 12 * 1024), ("6MiB", 6 * 2**20)],
-)  # fmt: skip
+    [
+        ("32K", 32 * 1024),
+        ("1024K", 2**20),
+        ("32M", 32 * 2**20),
+        ("32768K\n", 32 * 2**20),
+        ("1G", 2**30),
+        ("48", 48),
+        (" 12k ", 12 * 1024),
+        ("6MiB", 6 * 2**20),
+    ],
+)
 def test_parse_cache_size(text: str, expected: int) -> None:
     assert timing_mod._parse_cache_size(text) == expected
 
@@ -139,12 +150,14 @@ def _counting_maker(numel: int, dtype: torch.dtype = torch.float32) -> tuple[lis
 
 @pytest.mark.parametrize(
     ("numel", "dtype", "threshold", "expected"),
-    [(1000, torch.float32, 10_000, 3),  # 4000 B each: 12000 > 10000 after 3
-     (1000, torch.float32, 12_000, 4),  # must *exceed*: 12000 is not enough
-     (1000, torch.bfloat16, 5_999, 3),  # 2000 B each
-     (37, torch.float64, 0, 1),  # at least one copy
-     (1, torch.uint8, 10**9, 5)],  # capped by max_copies
-)  # fmt: skip
+    [
+        (1000, torch.float32, 10_000, 3),  # 4000 B each: 12000 > 10000 after 3
+        (1000, torch.float32, 12_000, 4),  # must *exceed*: 12000 is not enough
+        (1000, torch.bfloat16, 5_999, 3),  # 2000 B each
+        (37, torch.float64, 0, 1),  # at least one copy
+        (1, torch.uint8, 10**9, 5),
+    ],  # capped by max_copies
+)
 def test_make_rotating_inputs_threshold(
     numel: int, dtype: torch.dtype, threshold: int, expected: int
 ) -> None:
@@ -211,8 +224,10 @@ def test_memory_report_cuda_uses_allocator_stats(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: 5 * 2**20 + 2**19)
     report = memory_report(torch.device("cuda", 0))
     assert (report.device, report.peak_allocated, report.peak_reserved) == (
-        "cuda:0", 3 * 2**20, 5 * 2**20 + 2**19,
-    )  # fmt: skip
+        "cuda:0",
+        3 * 2**20,
+        5 * 2**20 + 2**19,
+    )
     assert report.peak_rss > 0
 
 

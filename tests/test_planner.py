@@ -37,8 +37,14 @@ from tutorial_lib.parallel.planner import (
 # local batch 4. UNEVEN has 16 heads, which do not split evenly over 3 ranks.
 MODEL = ModelSpec(layers=8, hidden=768, heads=12, vocab=5000, seq=2048)
 UNEVEN = dataclasses.replace(MODEL, heads=16)
-TOY = ClusterSpec(name="toy", gpu=SPECS["H100 SXM"], n_gpus=64, domain_size=8,
-                  nvlink_bandwidth=450e9, scaleout_bandwidth=50e9)  # fmt: skip
+TOY = ClusterSpec(
+    name="toy",
+    gpu=SPECS["H100 SXM"],
+    n_gpus=64,
+    domain_size=8,
+    nvlink_bandwidth=450e9,
+    scaleout_bandwidth=50e9,
+)
 PAR = ParallelConfig(tp=4, pp=2, dp=8, global_batch=32, overlap_dp_comm=True)
 JOB = Job(model=MODEL, cluster=TOY, par=PAR)
 VARIANTS = [
@@ -186,12 +192,14 @@ def test_cap_shortfall_shrink_or_stretch() -> None:
     low = dataclasses.replace(JOB, power=PowerBoost(cap=0.05))
     shrink = plan(low, failed, "ntp-pw")
     assert shrink.global_batch < 32 and shrink.chosen[0] in ("ntp", "ntp-pw")
-    stretch = plan(dataclasses.replace(JOB, power=PowerBoost(cap=0.05, shortfall="stretch")),
-                   failed, "ntp-pw")  # fmt: skip
+    stretch = plan(
+        dataclasses.replace(JOB, power=PowerBoost(cap=0.05, shortfall="stretch")), failed, "ntp-pw"
+    )
     assert stretch.global_batch == 32 and stretch.step_time > shrink.step_time
     assert stretch.replicas[0].power == pytest.approx(1.05)
-    assert plan(dataclasses.replace(JOB, power=PowerBoost(cap=0.0)), failed, "ntp-pw").throughput \
-        == pytest.approx(plan(JOB, failed, "ntp").throughput)  # fmt: skip
+    assert plan(
+        dataclasses.replace(JOB, power=PowerBoost(cap=0.0)), failed, "ntp-pw"
+    ).throughput == pytest.approx(plan(JOB, failed, "ntp").throughput)
 
 
 def test_paper_job_degrees_and_power() -> None:
@@ -214,19 +222,30 @@ def test_spare_domains_on_a_small_trace() -> None:
     # the trace adds 3 spare domains (GPUs 32..43). GPU 0 is down [0, 10) h, GPU 5 [5, 20) h,
     # spare GPU 33 [5, 10) h.
     cluster = dataclasses.replace(TOY, n_gpus=32, domain_size=4)
-    job = Job(model=MODEL, cluster=cluster, par=ParallelConfig(tp=4, pp=2, dp=4, global_batch=16,
-                                                               overlap_dp_comm=True))  # fmt: skip
+    job = Job(
+        model=MODEL,
+        cluster=cluster,
+        par=ParallelConfig(tp=4, pp=2, dp=4, global_batch=16, overlap_dp_comm=True),
+    )
     assert job.table(3, "ntp")["batch"][1] == 3 and job.table(3, "ntp-pw")["batch"][1] == 4
-    trace = FailureTrace(44, 24.0, 1.0, np.array([0, 5, 33]), np.array([0.0, 5.0, 5.0]),
-                         np.array([10.0, 20.0, 10.0]), np.ones(3, bool))  # fmt: skip
+    trace = FailureTrace(
+        44,
+        24.0,
+        1.0,
+        np.array([0, 5, 33]),
+        np.array([0.0, 5.0, 5.0]),
+        np.array([10.0, 20.0, 10.0]),
+        np.ones(3, bool),
+    )
     res = spare_domains(job, trace)
     # dp-drop in [5, 10): groups 0, 1 and the first spare are out, so 3 spares make 8 healthy.
     # ntp: 3 + 3 sequences from the degraded pair need two more domains (3 x 4 + 2 x 3 >= 16).
     assert {p: r.needed for p, r in res.items()} == {"dp-drop": 3, "ntp": 2, "ntp-pw": 0}
     assert res["dp-drop"].paused_fraction == pytest.approx(20 / 24)
     assert res["ntp-pw"].paused_fraction == 0.0 and res["ntp"].available == 3
-    tight = FailureTrace(36, 24.0, 1.0, trace.gpu[:2], trace.start[:2], trace.end[:2],
-                         np.ones(2, bool))  # fmt: skip
+    tight = FailureTrace(
+        36, 24.0, 1.0, trace.gpu[:2], trace.start[:2], trace.end[:2], np.ones(2, bool)
+    )
     assert spare_domains(job, tight, ["dp-drop"])["dp-drop"].needed is None  # 1 spare is too few
 
 
@@ -246,7 +265,7 @@ def test_spare_domains_on_a_small_trace() -> None:
                 par=dataclasses.replace(PAR, tp=3, dp=8, pp=1, global_batch=8),
             ),
             "divide",
-        ),  # fmt: skip
+        ),
         (lambda: Job(model=MODEL, cluster=TOY, par=dataclasses.replace(PAR, dp=4)), "n_gpus"),
         (lambda: Job(model=MODEL, cluster=TOY, par=PAR, reduced_tps=(4,)), "reduced_tps"),
         (lambda: Job(model=MODEL, cluster=TOY, par=PAR, compute_efficiency=0), "efficiency"),
@@ -305,8 +324,18 @@ def test_cli_text_tables(capsys: pytest.CaptureFixture[str]) -> None:
 # ---- benchmarks/planner.py ----------------------------------------------------------------------
 def test_benchmark_smoke(load_benchmark: Callable[[str], ModuleType], tmp_path: Path) -> None:
     bench = load_benchmark("planner.py")
-    argv = ["--runs", "quick", "--samples", "1", "--repeats", "1", "--preset", "ci",
-            "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "--runs",
+        "quick",
+        "--samples",
+        "1",
+        "--repeats",
+        "1",
+        "--preset",
+        "ci",
+        "--out",
+        str(tmp_path),
+    ]
     path = bench.main(argv)
     assert path.parent == tmp_path and path.name.startswith("planner__")
     record = json.loads(path.read_text())

@@ -230,9 +230,14 @@ def test_grad_scaler_only_for_fp16() -> None:
 
 def test_bf16_training_on_cpu(tiny_cfg: GPTConfig, tiny_data: TokenData) -> None:
     cfg = TrainConfig(
-        steps=20, batch_size=4, lr=1e-2, warmup_steps=2, eval_every=0, precision="bf16",
+        steps=20,
+        batch_size=4,
+        lr=1e-2,
+        warmup_steps=2,
+        eval_every=0,
+        precision="bf16",
         progress=False,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     trainer = Trainer(GPT(tiny_cfg), tiny_data, cfg, device="cpu")
     losses = [r["loss"] for r in trainer.train()]

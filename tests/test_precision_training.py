@@ -25,9 +25,15 @@ CPU_POLICIES = ("fp32", "tf32", "bf16")
 
 def train_config(precision: str) -> TrainConfig:
     return TrainConfig(
-        steps=STEPS, batch_size=8, lr=3e-3, warmup_steps=2, eval_every=0, precision=precision,
-        seed=0, progress=False,
-    )  # fmt: skip
+        steps=STEPS,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_every=0,
+        precision=precision,
+        seed=0,
+        progress=False,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -33,9 +33,14 @@ A100 = GPU("NVIDIA A100-SXM4-80GB", (8, 0))
 H100 = GPU("NVIDIA H100 80GB HBM3", (9, 0))
 L40S = GPU("NVIDIA L40S", (8, 9))
 PACKAGES = {
-    "jupyterlab": "4.2.0", "notebook": None, "ipykernel": "6.29.0", "ipywidgets": "8.1.0",
-    "matplotlib": "3.8.0", "tqdm": "4.66.0", "triton": "3.2.0",
-}  # fmt: skip
+    "jupyterlab": "4.2.0",
+    "notebook": None,
+    "ipykernel": "6.29.0",
+    "ipywidgets": "8.1.0",
+    "matplotlib": "3.8.0",
+    "tqdm": "4.66.0",
+    "triton": "3.2.0",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -47,11 +52,20 @@ def no_preset_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def machine(**overrides: object) -> Machine:
     """A ready Linux laptop without a GPU; ``overrides`` change single facts."""
     base = Machine(
-        python=(3, 11, 7), platform="linux", torch_version="2.13.0+cpu", torch_cuda=None,
-        packages=dict(PACKAGES), gpu=None, nvidia_smi=False, cxx="/usr/bin/g++",
-        disk_free=50 * GiB, ram_total=16 * GiB, preset_env=None,
-        te=(False, "transformer_engine.pytorch does not import"), cwd="/home/me/book",
-    )  # fmt: skip
+        python=(3, 11, 7),
+        platform="linux",
+        torch_version="2.13.0+cpu",
+        torch_cuda=None,
+        packages=dict(PACKAGES),
+        gpu=None,
+        nvidia_smi=False,
+        cxx="/usr/bin/g++",
+        disk_free=50 * GiB,
+        ram_total=16 * GiB,
+        preset_env=None,
+        te=(False, "transformer_engine.pytorch does not import"),
+        cwd="/home/me/book",
+    )
     return dataclasses.replace(base, **overrides)
 
 
@@ -92,13 +106,26 @@ def test_this_machine_is_ready(ample_resources: None) -> None:
 def test_every_check_has_a_row_and_problems_have_fixes() -> None:
     names = [c.name for c in check_readiness().checks]
     assert names == [
-        "Python", "torch", "notebook stack", "Triton", "C++ compiler", "disk", "RAM", "preset",
-        "GPU", "Transformer Engine",
-    ]  # fmt: skip
+        "Python",
+        "torch",
+        "notebook stack",
+        "Triton",
+        "C++ compiler",
+        "disk",
+        "RAM",
+        "preset",
+        "GPU",
+        "Transformer Engine",
+    ]
     bad = machine(
-        python=(3, 9, 18), torch_version=None, packages={}, cxx=None, disk_free=GiB,
-        ram_total=4 * GiB, preset_env="laptop",
-    )  # fmt: skip
+        python=(3, 9, 18),
+        torch_version=None,
+        packages={},
+        cxx=None,
+        disk_free=GiB,
+        ram_total=4 * GiB,
+        preset_env="laptop",
+    )
     report = evaluate(bad)
     assert not report.ready
     for c in report.checks:

@@ -23,17 +23,37 @@ from tutorial_lib.perf import (
 from tutorial_lib.perf import results as results_mod
 
 STAMP_KEYS = {
-    "date", "device", "device_type", "device_summary", "compute_capability", "torch", "cuda",
-    "driver", "triton", "python", "platform", "preset",
-}  # fmt: skip
+    "date",
+    "device",
+    "device_type",
+    "device_summary",
+    "compute_capability",
+    "torch",
+    "cuda",
+    "driver",
+    "triton",
+    "python",
+    "platform",
+    "preset",
+}
 
 
 def _env(device: str, date: str, cuda: str | None = "12.8") -> dict[str, Any]:
     """A fixed environment stamp, as if recorded on ``device`` at ``date``."""
-    return {"date": date, "device": device, "device_type": "cuda" if cuda else "cpu",
-            "device_summary": f"{device} (summary)", "compute_capability": "9.0" if cuda else None,
-            "torch": "2.7.0", "cuda": cuda, "driver": None, "triton": None, "python": "3.11.9",
-            "platform": "Linux", "preset": "hopper" if cuda else "ci"}  # fmt: skip
+    return {
+        "date": date,
+        "device": device,
+        "device_type": "cuda" if cuda else "cpu",
+        "device_summary": f"{device} (summary)",
+        "compute_capability": "9.0" if cuda else None,
+        "torch": "2.7.0",
+        "cuda": cuda,
+        "driver": None,
+        "triton": None,
+        "python": "3.11.9",
+        "platform": "Linux",
+        "preset": "hopper" if cuda else "ci",
+    }
 
 
 H100 = _env("NVIDIA H100 80GB HBM3", "2025-01-02T10:00:00+00:00")
@@ -75,9 +95,12 @@ def test_driver_version_parses_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.parametrize(
     "error",
-    [FileNotFoundError("nvidia-smi"), subprocess.TimeoutExpired("nvidia-smi", 5),
-     subprocess.CalledProcessError(9, "nvidia-smi")],
-)  # fmt: skip
+    [
+        FileNotFoundError("nvidia-smi"),
+        subprocess.TimeoutExpired("nvidia-smi", 5),
+        subprocess.CalledProcessError(9, "nvidia-smi"),
+    ],
+)
 def test_driver_version_none_without_nvidia_smi(
     monkeypatch: pytest.MonkeyPatch, error: Exception
 ) -> None:
@@ -105,8 +128,12 @@ def test_write_results_file_names_and_content(tmp_path: Path) -> None:
     )
     assert path == tmp_path / "new" / "precision__nvidia-h200__hopper__2025-03-05.json"
     record = json.loads(path.read_text())
-    assert record == {"benchmark": "precision", "environment": H200_NEW,
-                      "meta": {"preset": "ci"}, "rows": rows}  # fmt: skip
+    assert record == {
+        "benchmark": "precision",
+        "environment": H200_NEW,
+        "meta": {"preset": "ci"},
+        "rows": rows,
+    }
     assert path.with_suffix(".md").is_file()
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.stem + ".md"]
 
@@ -129,8 +156,11 @@ def test_round_trip_newest_first(tmp_path: Path) -> None:
     _write_all(tmp_path, [H200_OLD, CPU, H100, H200_NEW])
     records = load_results("precision", tmp_path)
     assert [r["environment"]["date"] for r in records] == [
-        CPU["date"], H200_NEW["date"], H200_OLD["date"], H100["date"],
-    ]  # fmt: skip
+        CPU["date"],
+        H200_NEW["date"],
+        H200_OLD["date"],
+        H100["date"],
+    ]
     assert records[1]["rows"] == [{"policy": "bf16", "i": 3}] and records[1]["meta"] == {"i": 3}
 
 

@@ -159,9 +159,13 @@ def test_model_ops_agree_with_the_model_formula() -> None:
     ops = {op.name: op for op in model_ops(ODD, batch=B, dtype_bytes=2)}
     M, T, C, V = B * ODD.block_size, ODD.block_size, ODD.n_embd, ODD.vocab_size
     layer_matmuls = [
-        "QKV projection", "attention scores Q K^T", "attention P V",
-        "attention out-projection", "MLP fc", "MLP proj",
-    ]  # fmt: skip
+        "QKV projection",
+        "attention scores Q K^T",
+        "attention P V",
+        "attention out-projection",
+        "MLP fc",
+        "MLP proj",
+    ]
     per_layer = sum(ops[n].flops for n in layer_matmuls)
     fwd = GPT(ODD).flops_per_token(training=False, seq_len=T)
     assert per_layer * ODD.n_layer + ops["LM head"].flops == M * fwd

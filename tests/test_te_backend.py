@@ -182,18 +182,24 @@ class _OurRecipe:
 
 
 TE_DEFAULT_KWARGS = {
-    "margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "max",
+    "margin": 0,
+    "fp8_format": "HYBRID",
+    "amax_history_len": 1024,
+    "amax_compute_algo": "max",
     "reduce_amax": True,
-}  # fmt: skip
+}
 
 
 def test_recipe_kwargs_read_duck_typed() -> None:
     assert te_recipe_kwargs(_OurRecipe()) == TE_DEFAULT_KWARGS
     custom = _OurRecipe(2, _OurFormat.E4M3, 16, "most_recent", False)
     assert te_recipe_kwargs(custom) == {
-        "margin": 2, "fp8_format": "E4M3", "amax_history_len": 16,
-        "amax_compute_algo": "most_recent", "reduce_amax": False,
-    }  # fmt: skip
+        "margin": 2,
+        "fp8_format": "E4M3",
+        "amax_history_len": 16,
+        "amax_compute_algo": "most_recent",
+        "reduce_amax": False,
+    }
     assert te_recipe_kwargs(_OurRecipe(fp8_format="hybrid"))["fp8_format"] == "HYBRID"
     algo = torch.amax
     assert te_recipe_kwargs(_OurRecipe(amax_compute_algo=algo))["amax_compute_algo"] is algo
@@ -277,10 +283,15 @@ class _FakeTEModule(nn.Module):
 
 class _FakeLinear(_FakeTEModule):
     def __init__(
-        self, in_features: int, out_features: int, *, bias: bool = True,
-        params_dtype: torch.dtype | None = None, device: torch.device | str = "cuda",
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = True,
+        params_dtype: torch.dtype | None = None,
+        device: torch.device | str = "cuda",
         init_method: Callable[[torch.Tensor], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(params_dtype, device)
         self._weight("weight", out_features, in_features, init_method)
         self._bias("bias", out_features, bias)
@@ -291,9 +302,13 @@ class _FakeLinear(_FakeTEModule):
 
 class _FakeLayerNorm(_FakeTEModule):
     def __init__(
-        self, normalized_shape: int | tuple[int, ...], *, eps: float = 1e-5,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        normalized_shape: int | tuple[int, ...],
+        *,
+        eps: float = 1e-5,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(dtype, device)
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
         (features,) = shape
@@ -306,11 +321,17 @@ class _FakeLayerNorm(_FakeTEModule):
 
 class _FakeLayerNormLinear(_FakeTEModule):
     def __init__(
-        self, in_features: int, out_features: int, *, eps: float = 1e-5, bias: bool = True,
-        normalization: str = "LayerNorm", params_dtype: torch.dtype | None = None,
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        eps: float = 1e-5,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        params_dtype: torch.dtype | None = None,
         device: torch.device | str = "cuda",
         init_method: Callable[[torch.Tensor], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(params_dtype, device)
         self.eps = eps
         self._norm("layer_norm_", in_features, normalization)
@@ -323,12 +344,19 @@ class _FakeLayerNormLinear(_FakeTEModule):
 
 class _FakeLayerNormMLP(_FakeTEModule):
     def __init__(
-        self, hidden_size: int, ffn_hidden_size: int, *, eps: float = 1e-5, bias: bool = True,
-        normalization: str = "LayerNorm", activation: str = "gelu",
-        params_dtype: torch.dtype | None = None, device: torch.device | str = "cuda",
+        self,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        *,
+        eps: float = 1e-5,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        activation: str = "gelu",
+        params_dtype: torch.dtype | None = None,
+        device: torch.device | str = "cuda",
         init_method: Callable[[torch.Tensor], None] | None = None,
         output_layer_init_method: Callable[[torch.Tensor], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(params_dtype, device)
         assert activation == "gelu", activation  # TE's "gelu": the tanh approximation
         self.eps = eps
@@ -391,9 +419,11 @@ def fake_te(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     recipe.DelayedScaling, recipe.Format = _FakeDelayedScaling, _FakeFormat
     root.pytorch, root.common, common.recipe = pytorch, common, recipe
     for name, module in {
-        "transformer_engine": root, "transformer_engine.pytorch": pytorch,
-        "transformer_engine.common": common, "transformer_engine.common.recipe": recipe,
-    }.items():  # fmt: skip
+        "transformer_engine": root,
+        "transformer_engine.pytorch": pytorch,
+        "transformer_engine.common": common,
+        "transformer_engine.common.recipe": recipe,
+    }.items():
         monkeypatch.setitem(sys.modules, name, module)
     return FakeTE(pytorch, regions)
 
@@ -457,9 +487,10 @@ def test_convert_refuses_odd_shapes(fake_te: FakeTE, tiny_cfg: GPTConfig) -> Non
 
 # ---- fused conversion: LayerNormLinear and LayerNormMLP ----------------------------------------
 @pytest.mark.parametrize(
-    "fake", [_FakeLinear, _FakeLayerNorm, _FakeLayerNormLinear, _FakeLayerNormMLP],
+    "fake",
+    [_FakeLinear, _FakeLayerNorm, _FakeLayerNormLinear, _FakeLayerNormMLP],
     ids=lambda cls: cls.__name__,
-)  # fmt: skip
+)
 def test_stand_in_uses_te_parameter_names(fake: type[nn.Module]) -> None:
     """The names test_te_contract.py finds in TE's source are the stand-in's too."""
     args = {_FakeLayerNorm: (16,), _FakeLayerNormMLP: (16, 64)}.get(fake, (16, 48))
@@ -469,14 +500,17 @@ def test_stand_in_uses_te_parameter_names(fake: type[nn.Module]) -> None:
 
 # Fused parameter -> the parameter of the unconverted GPT it was copied from (block i).
 FUSED_SOURCES = {
-    "attn.qkv.layer_norm_weight": "ln1.weight", "attn.qkv.layer_norm_bias": "ln1.bias",
-    "attn.qkv.weight": "attn.qkv.weight", "attn.qkv.bias": "attn.qkv.bias",
+    "attn.qkv.layer_norm_weight": "ln1.weight",
+    "attn.qkv.layer_norm_bias": "ln1.bias",
+    "attn.qkv.weight": "attn.qkv.weight",
+    "attn.qkv.bias": "attn.qkv.bias",
     "mlp.layernorm_mlp.layer_norm_weight": "ln2.weight",
     "mlp.layernorm_mlp.layer_norm_bias": "ln2.bias",
-    "mlp.layernorm_mlp.fc1_weight": "mlp.fc.weight", "mlp.layernorm_mlp.fc1_bias": "mlp.fc.bias",
+    "mlp.layernorm_mlp.fc1_weight": "mlp.fc.weight",
+    "mlp.layernorm_mlp.fc1_bias": "mlp.fc.bias",
     "mlp.layernorm_mlp.fc2_weight": "mlp.proj.weight",
     "mlp.layernorm_mlp.fc2_bias": "mlp.proj.bias",
-}  # fmt: skip
+}
 
 
 def _fused_pairs(
@@ -675,9 +709,15 @@ def _train(
     """Train a copy of ``model``; returns losses, the trained model and, per step, max|W| of each
     Linear weight as the forward pass saw it."""
     cfg = TrainConfig(
-        steps=GPU_STEPS, batch_size=GPU_BATCH, lr=1e-3, warmup_steps=2, eval_every=0,
-        precision=policy.name, progress=False, seed=0,
-    )  # fmt: skip
+        steps=GPU_STEPS,
+        batch_size=GPU_BATCH,
+        lr=1e-3,
+        warmup_steps=2,
+        eval_every=0,
+        precision=policy.name,
+        progress=False,
+        seed=0,
+    )
     trainer = Trainer(copy.deepcopy(model), data, cfg, device=device)
     weights = {n: m.weight for n, m in trainer.model.named_modules() if n.endswith(("qkv", "fc"))}
     amaxes = []
@@ -752,8 +792,10 @@ def test_te_fp8_matches_bf16_and_ours(
         # The recipes' history lengths may differ: compare the rows both runs filled.
         torch.testing.assert_close(
             our_state["forward"]["amax_history"][-GPU_STEPS:, w].cpu(),
-            te_fwd["amax_history"][-GPU_STEPS:, w].cpu(), rtol=5e-2, atol=0,
-        )  # fmt: skip
+            te_fwd["amax_history"][-GPU_STEPS:, w].cpu(),
+            rtol=5e-2,
+            atol=0,
+        )
         torch.testing.assert_close(
             our_state["forward"]["scale"][w].cpu(), te_fwd["scale"][w].cpu(), rtol=5e-2, atol=0
         )

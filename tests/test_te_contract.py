@@ -68,8 +68,9 @@ class SourceTree:
     def module(self, dotted: str) -> ast.Module | None:
         if dotted not in self._cache:
             base = self.root.joinpath(*dotted.split("."))
-            path = next((p for p in (base / "__init__.py", base.with_suffix(".py")) if p.is_file()),
-                        None)  # fmt: skip
+            path = next(
+                (p for p in (base / "__init__.py", base.with_suffix(".py")) if p.is_file()), None
+            )
             self._cache[dotted] = ast.parse(path.read_text(), str(path)) if path else None
         return self._cache[dotted]
 
@@ -124,8 +125,9 @@ class SourceTree:
             return _function_params(node)
         assert isinstance(node, ast.ClassDef), ast.dump(node)[:80]
         params = Params()
-        init = next((s for s in node.body if isinstance(s, ast.FunctionDef)
-                     and s.name == "__init__"), None)  # fmt: skip
+        init = next(
+            (s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None
+        )
         if init is not None:
             params = _function_params(init)
             params.names.pop("self", None)
@@ -152,13 +154,21 @@ class SourceTree:
         assert isinstance(found.node, ast.ClassDef), ast.dump(found.node)[:80]
         names: set[str] = set()
         for node in ast.walk(found.node):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "register_parameter" and node.args
-                    and isinstance(node.args[0], ast.Constant)):  # fmt: skip
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "register_parameter"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
                 names.add(node.args[0].value)
-            elif (isinstance(node, ast.Assign) and isinstance(node.value, ast.List)
-                    and any(isinstance(t, ast.Attribute) and t.attr.endswith("_names")
-                            for t in node.targets)):  # fmt: skip
+            elif (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.List)
+                and any(
+                    isinstance(t, ast.Attribute) and t.attr.endswith("_names") for t in node.targets
+                )
+            ):
                 names.update(e.value for e in node.value.elts if isinstance(e, ast.Constant))
         for base in found.node.bases:
             resolved = self.lookup(found.module, ast.unparse(base).split(".")[-1])
@@ -189,9 +199,10 @@ def _top_level(tree: ast.Module) -> list[ast.stmt]:
     for stmt in tree.body:
         if isinstance(stmt, ast.If | ast.Try):
             blocks = [stmt.body, stmt.orelse] + (
-                [h.body for h in stmt.handlers] + [stmt.finalbody] if isinstance(stmt, ast.Try)
+                [h.body for h in stmt.handlers] + [stmt.finalbody]
+                if isinstance(stmt, ast.Try)
                 else []
-            )  # fmt: skip
+            )
             out.extend(s for block in blocks for s in block)
         else:
             out.append(stmt)
@@ -297,10 +308,12 @@ def test_te_gelu_is_the_tanh_approximation(te_tree: SourceTree) -> None:
     mlp = te_tree.resolve("transformer_engine.pytorch.LayerNormMLP")
     assert mlp is not None
     onnx_gelu = [
-        node.values[i] for node in ast.walk(mlp.node) if isinstance(node, ast.Dict)
+        node.values[i]
+        for node in ast.walk(mlp.node)
+        if isinstance(node, ast.Dict)
         for i, key in enumerate(node.keys)
         if isinstance(key, ast.Constant) and key.value == "gelu"
-    ]  # fmt: skip
+    ]
     assert any("approximate='tanh'" in ast.unparse(v) for v in onnx_gelu), "no tanh gelu mapping"
 
 
@@ -314,8 +327,9 @@ def test_delayed_scaling_rejects_pure_e5m2(te_tree: SourceTree) -> None:
     """``te_recipe_kwargs`` refuses E5M2 because TE's ``DelayedScaling`` does."""
     found = te_tree.resolve("transformer_engine.common.recipe.DelayedScaling")
     assert found is not None and isinstance(found.node, ast.ClassDef)
-    post_init = next(s for s in found.node.body
-                     if isinstance(s, ast.FunctionDef) and s.name == "__post_init__")  # fmt: skip
+    post_init = next(
+        s for s in found.node.body if isinstance(s, ast.FunctionDef) and s.name == "__post_init__"
+    )
     assert "Format.E5M2" in ast.unparse(post_init)
 
 

@@ -100,13 +100,22 @@ def _train_data(corpus: bytes) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     return tokens[:50_000], tokens[50_000:], CFG.block_size, 0
 
 
-TRAIN_CFG = TrainConfig(steps=3, batch_size=4, lr=1e-2, warmup_steps=1, grad_clip=0.3,
-                        eval_every=3, eval_iters=2, progress=False)  # fmt: skip
+TRAIN_CFG = TrainConfig(
+    steps=3,
+    batch_size=4,
+    lr=1e-2,
+    warmup_steps=1,
+    grad_clip=0.3,
+    eval_every=3,
+    eval_iters=2,
+    progress=False,
+)
 
 
 @pytest.fixture(scope="session")
-def dist_results(corpus: bytes, tmp_path_factory: pytest.TempPathFactory,
-                 worker_id: str) -> dict[str, Any]:  # fmt: skip
+def dist_results(
+    corpus: bytes, tmp_path_factory: pytest.TempPathFactory, worker_id: str
+) -> dict[str, Any]:
     """Every distributed check, in one spawn of 4 gloo ranks; results per job and rank.
 
     Under pytest-xdist the first worker that needs them runs the spawn and saves the results
@@ -128,13 +137,22 @@ def _run_dist_checks(corpus: bytes) -> dict[str, Any]:
     jobs: dict[str, workers.Job] = {
         "ops4": ((0, 1, 2, 3), workers.operators_check, (OP_SHAPE,)),
         "ops3": ((1, 2, 3), workers.operators_check, ((2, 6, 3),)),
-        "column": ((2, 3), workers.parallel_linear_check,
-                   ("column", QKV_SPEC, QKV_UNITS, *_linear_inputs("column"))),
-        "row": ((2, 3), workers.parallel_linear_check,
-                ("row", ROW_SPEC, ROW_UNITS, *_linear_inputs("row"))),
-        "train": ((0, 1), workers.tp_train_steps,
-                  (CFG, UNEVEN_2, sd, _train_data(corpus), TRAIN_CFG, torch.float64)),
-    }  # fmt: skip
+        "column": (
+            (2, 3),
+            workers.parallel_linear_check,
+            ("column", QKV_SPEC, QKV_UNITS, *_linear_inputs("column")),
+        ),
+        "row": (
+            (2, 3),
+            workers.parallel_linear_check,
+            ("row", ROW_SPEC, ROW_UNITS, *_linear_inputs("row")),
+        ),
+        "train": (
+            (0, 1),
+            workers.tp_train_steps,
+            (CFG, UNEVEN_2, sd, _train_data(corpus), TRAIN_CFG, torch.float64),
+        ),
+    }
     for name, (ranks, cfg, shard_map) in GPT_CASES.items():
         model, batch = _model_and_batch(cfg=cfg)
         jobs[name] = (
@@ -295,8 +313,15 @@ def test_tp_trainer_checkpoint_holds_the_full_model(tmp_path: Path, corpus: byte
     model, _ = _model_and_batch()
     shard_map = ShardMap.even(CFG, 1)
     cfg = TrainConfig(steps=1, batch_size=2, eval_every=0, progress=False)
-    trainer = TPTrainer(parallelize(model, None, shard_map), TokenData(*_train_data(corpus)),
-                        cfg, None, shard_map, device="cpu", out_dir=tmp_path)  # fmt: skip
+    trainer = TPTrainer(
+        parallelize(model, None, shard_map),
+        TokenData(*_train_data(corpus)),
+        cfg,
+        None,
+        shard_map,
+        device="cpu",
+        out_dir=tmp_path,
+    )
     trainer.train()
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     GPT(CFG).load_state_dict(state["model"])  # a plain GPT loads it
@@ -353,12 +378,27 @@ def test_init_from_env_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ---- the command line under torchrun ------------------------------------------------------
 def _cli_args(out: Path, data: Path) -> list[str]:
-    return ["train", "--preset", "ci", "--steps", "3", "--batch-size", "4", "--data", str(data),
-            "--out", str(out), "--no-progress", "--device", "cpu"]  # fmt: skip
+    return [
+        "train",
+        "--preset",
+        "ci",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
 
 
-def test_cli_tp_without_torchrun(tmp_path: Path, text_file: Path, capsys: Any,
-                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_cli_tp_without_torchrun(
+    tmp_path: Path, text_file: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert main([*_cli_args(tmp_path, text_file), "--tp", "2"]) == 1
     assert "--tp 2 needs 2 processes, but WORLD_SIZE is 1" in capsys.readouterr().err
@@ -368,8 +408,18 @@ def test_cli_tp_without_torchrun(tmp_path: Path, text_file: Path, capsys: Any,
 def test_cli_trains_tensor_parallel_under_torchrun(tmp_path: Path, text_file: Path) -> None:
     """torchrun with 2 gloo ranks: same losses as one process; rank 0 writes the full model."""
     env = {**os.environ, "TUTORIAL_PRESET": "ci", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "-m", "tutorial_lib", *_cli_args(tmp_path / "tp", text_file), "--tp", "2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "tutorial_lib",
+        *_cli_args(tmp_path / "tp", text_file),
+        "--tp",
+        "2",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("wrote") == 1  # one report, from rank 0

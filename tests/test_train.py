@@ -65,9 +65,12 @@ def _record_grads(trainer: Trainer) -> list[dict[str, torch.Tensor]]:
 
     def recording_step(*args: Any, **kwargs: Any) -> Any:
         seen.append(
-            {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters()
-             if p.grad is not None}
-        )  # fmt: skip
+            {
+                n: p.grad.detach().clone()
+                for n, p in trainer.model.named_parameters()
+                if p.grad is not None
+            }
+        )
         return step(*args, **kwargs)
 
     trainer.optimizer.step = recording_step  # type: ignore[method-assign]
@@ -414,10 +417,14 @@ def test_corrupt_checkpoint_names_the_file_and_the_fix(
     if damage == "damaged":
         _damaged_archive(good_path, bad)
     else:
-        bad.write_bytes({"truncated": good[: len(good) // 2], "garbage": b"garbage\n",
-                         "empty": b""}[damage])  # fmt: skip
-    with pytest.raises(CheckpointError, match=rf"{damage}\.pt is not a readable checkpoint.*"
-                       r"truncated or corrupt.*earlier checkpoint"):  # fmt: skip
+        bad.write_bytes(
+            {"truncated": good[: len(good) // 2], "garbage": b"garbage\n", "empty": b""}[damage]
+        )
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{damage}\.pt is not a readable checkpoint.*"
+        r"truncated or corrupt.*earlier checkpoint",
+    ):
         load_checkpoint(bad)
 
 

@@ -76,8 +76,11 @@ def test_plot_spacing_one_step_curve_per_format() -> None:
     lines = ax.get_lines()
     assert len(lines) == 4
     assert [t.get_text().split()[0] for t in ax.get_legend().get_texts()] == [
-        "FP32", "TF32", "BF16", "FP16",
-    ]  # fmt: skip
+        "FP32",
+        "TF32",
+        "BF16",
+        "FP16",
+    ]
     assert ax.get_xscale() == ax.get_yscale() == "log"
     assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
     fp16 = lines[3].get_xydata()

@@ -69,9 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--compile", action="store_true", help="torch.compile the training step")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.add_argument(
-        "--tp", type=_positive_int, default=1, metavar="N",
+        "--tp",
+        type=_positive_int,
+        default=1,
+        metavar="N",
         help="tensor-parallel degree; run under torchrun --nproc-per-node N",
-    )  # fmt: skip
+    )
 
     bench = sub.add_parser("bench", help="run a benchmark and record it (JSON + Markdown)")
     bench.add_argument(
@@ -112,9 +115,15 @@ def _info(args: argparse.Namespace) -> int:
         "tutorial_lib": __version__,
         "torch": torch.__version__,
         "device": dev.summary(),
-        "cpu": {"name": host.name, "matrix_instructions": host.cpu.features,
-                "torch_kernels": host.cpu.torch_isa, "bf16_matrix": host.cpu.bf16_matrix},
-        "spec": None if dev.spec is None else {
+        "cpu": {
+            "name": host.name,
+            "matrix_instructions": host.cpu.features,
+            "torch_kernels": host.cpu.torch_isa,
+            "bf16_matrix": host.cpu.bf16_matrix,
+        },
+        "spec": None
+        if dev.spec is None
+        else {
             "name": dev.spec.name,
             "peak_tflops": {k: v / 1e12 for k, v in dev.spec.peak_flops.items()},
             "hbm_tb_s": dev.spec.hbm_bandwidth / 1e12,
@@ -124,7 +133,7 @@ def _info(args: argparse.Namespace) -> int:
         "precision_policies": available_policies(),
         "fp8_gemms": {"available": fp8_ok, "reason": fp8_why},
         "transformer_engine": {"available": te_ok, "reason": te_why},
-    }  # fmt: skip
+    }
     ready = check_readiness()
     status = 1 if args.strict and not ready.ready else 0
     if args.json:
@@ -162,9 +171,10 @@ def _train(args: argparse.Namespace) -> int:
     preset = get_preset(args.preset)
     # The corpus is bytes, so a named size always trains with a 256-symbol vocabulary.
     model_cfg = (
-        preset.model_config() if args.model is None
+        preset.model_config()
+        if args.model is None
         else GPTConfig.from_name(args.model, vocab_size=256)
-    )  # fmt: skip
+    )
     cfg = TrainConfig(
         steps=args.steps or preset.steps,
         batch_size=args.batch_size or preset.batch_size,
@@ -239,12 +249,20 @@ def _bench(args: argparse.Namespace) -> int:
         rungs = [rungs[n - 1] for n in _rung_numbers(args.rungs, len(rungs))]
     device = torch.device(args.device) if args.device else default_device()
     rows = run_ladder(
-        preset, device, rungs, steps=args.steps, batch=args.batch_size, lr=args.lr,
+        preset,
+        device,
+        rungs,
+        steps=args.steps,
+        batch=args.batch_size,
+        lr=args.lr,
         progress=not args.no_progress,
-    )  # fmt: skip
+    )
     env = {**environment_stamp(device), "preset": preset.name}
-    meta = {**ladder_meta(preset, rows), "fusion": args.fusion,
-            "losses": {r["rung"]: r.get("losses") for r in rows}}  # fmt: skip
+    meta = {
+        **ladder_meta(preset, rows),
+        "fusion": args.fusion,
+        "losses": {r["rung"]: r.get("losses") for r in rows},
+    }
     table = ladder_table(rows)
     write_and_print("ladder", f"ablation ladder, preset {preset.name}", table, args.out, meta, env)
     return 0

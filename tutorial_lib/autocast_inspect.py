@@ -52,21 +52,46 @@ __all__ = [
 SKIPPED_OPS: frozenset[str] = frozenset(
     f"aten.{name}"
     for name in (
-        "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "squeeze",
-        "unsqueeze", "select", "slice", "split", "split_with_sizes", "unbind", "chunk",
-        "as_strided", "alias", "detach", "_reshape_alias", "view_as",
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "t",
+        "transpose",
+        "permute",
+        "expand",
+        "squeeze",
+        "unsqueeze",
+        "select",
+        "slice",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "chunk",
+        "as_strided",
+        "alias",
+        "detach",
+        "_reshape_alias",
+        "view_as",
     )
-)  # fmt: skip
+)
 
 # Matrix multiplications: the ops autocast puts in lower precision and tensor cores run.
 MATMUL_OPS: frozenset[str] = frozenset(
     f"aten.{name}"
     for name in (
-        "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm",
-        "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "matmul",
+        "linear",
+        "_scaled_mm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
     )
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -152,10 +177,14 @@ def autocast_summary(
         counts[key] += 1
         inputs.setdefault(key, set()).update(rec.input_dtypes)
     return [
-        {"op": op, "output_dtype": dtype, "count": counts[(op, dtype)],
-         "input_dtypes": ", ".join(sorted(inputs[(op, dtype)]))}
+        {
+            "op": op,
+            "output_dtype": dtype,
+            "count": counts[(op, dtype)],
+            "input_dtypes": ", ".join(sorted(inputs[(op, dtype)])),
+        }
         for op, dtype in sorted(counts)
-    ]  # fmt: skip
+    ]
 
 
 def matmul_dtype(summary: list[dict[str, Any]]) -> str:

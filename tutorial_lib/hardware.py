@@ -205,11 +205,16 @@ def _cpu_flags() -> frozenset[str]:
     import subprocess
 
     try:  # macOS on Intel: machdep.cpu.features / leaf7_features (upper case, "AVX512F")
-        out = subprocess.run(["sysctl", "-n", "machdep.cpu.features", "machdep.cpu.leaf7_features"],
-                             capture_output=True, text=True, timeout=5).stdout  # fmt: skip
+        out = subprocess.run(
+            ["sysctl", "-n", "machdep.cpu.features", "machdep.cpu.leaf7_features"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout
         flags = {f.lower().replace(".", "_") for f in out.split()}
-        arm = subprocess.run(["sysctl", "hw.optional.arm"], capture_output=True, text=True,
-                             timeout=5).stdout  # fmt: skip  # Apple silicon: "...FEAT_BF16: 1"
+        arm = subprocess.run(
+            ["sysctl", "hw.optional.arm"], capture_output=True, text=True, timeout=5
+        ).stdout  # Apple silicon: "...FEAT_BF16: 1"
     except (OSError, subprocess.SubprocessError):
         return frozenset()
     for line in arm.splitlines():

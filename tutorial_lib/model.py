@@ -198,8 +198,12 @@ class GPT(nn.Module):
         return model
 
 
-_CONV1D = {"attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj", "mlp.c_fc": "mlp.fc",
-           "mlp.c_proj": "mlp.proj"}  # fmt: skip
+_CONV1D = {
+    "attn.c_attn": "attn.qkv",
+    "attn.c_proj": "attn.proj",
+    "mlp.c_fc": "mlp.fc",
+    "mlp.c_proj": "mlp.proj",
+}
 _NORMS = {"ln_1": "ln1", "ln_2": "ln2"}
 
 
@@ -241,8 +245,13 @@ def hf_to_tutorial_state_dict(
 
 def param_breakdown(model: GPT) -> dict[str, int]:
     """Parameters per component: embeddings, attention, MLP, LayerNorms (tied head counted once)."""
-    groups = {"token embedding": 0, "position embedding": 0, "attention": 0, "MLP": 0,
-              "LayerNorm": 0}  # fmt: skip
+    groups = {
+        "token embedding": 0,
+        "position embedding": 0,
+        "attention": 0,
+        "MLP": 0,
+        "LayerNorm": 0,
+    }
     for name, p in model.named_parameters():
         if name.startswith("tok_emb"):
             key = "token embedding"

@@ -175,17 +175,27 @@ def _fp16_check(device: torch.device) -> None:
 for _policy in (
     PrecisionPolicy("fp32", "full FP32 math (TF32 off)", peak_dtype="fp32"),
     PrecisionPolicy(
-        "tf32", "FP32 tensors, matmuls on TF32 tensor cores (10-bit mantissa)",
-        allow_tf32=True, peak_dtype="tf32",
+        "tf32",
+        "FP32 tensors, matmuls on TF32 tensor cores (10-bit mantissa)",
+        allow_tf32=True,
+        peak_dtype="tf32",
     ),
     PrecisionPolicy(
-        "bf16", "autocast to bfloat16, FP32 master weights, no loss scaling",
-        autocast_dtype=torch.bfloat16, peak_dtype="bf16",
-        check=_needs_cuda_cc((8, 0), "bf16 autocast", instead="'fp16' (with loss scaling) or 'fp32'"),
+        "bf16",
+        "autocast to bfloat16, FP32 master weights, no loss scaling",
+        autocast_dtype=torch.bfloat16,
+        peak_dtype="bf16",
+        check=_needs_cuda_cc(
+            (8, 0), "bf16 autocast", instead="'fp16' (with loss scaling) or 'fp32'"
+        ),
     ),
     PrecisionPolicy(
-        "fp16", "autocast to float16, FP32 master weights, dynamic loss scaling",
-        autocast_dtype=torch.float16, peak_dtype="fp16", grad_scaler=True, check=_fp16_check,
+        "fp16",
+        "autocast to float16, FP32 master weights, dynamic loss scaling",
+        autocast_dtype=torch.float16,
+        peak_dtype="fp16",
+        grad_scaler=True,
+        check=_fp16_check,
     ),
-):  # fmt: skip
+):
     register_policy(_policy)

@@ -238,9 +238,11 @@ def _check_python(m: Machine) -> Check:
     if m.python[:2] >= MIN_PYTHON:
         return Check("Python", OK, version)
     return Check(
-        "Python", MISSING, f"{version} is older than {_dotted(MIN_PYTHON)}",
+        "Python",
+        MISSING,
+        f"{version} is older than {_dotted(MIN_PYTHON)}",
         f"install Python {_dotted(MIN_PYTHON)} or newer (3.11 is what the book is tested with), then make setup",
-    )  # fmt: skip
+    )
 
 
 def _check_torch(m: Machine) -> Check:
@@ -269,32 +271,37 @@ def _check_triton(m: Machine) -> Check:
     if version is None:
         if m.platform.startswith("linux"):
             return Check(
-                "Triton", MISSING,
-                "not installed (a dependency on Linux; chapter 6's kernels need it)", SETUP_FIX,
-            )  # fmt: skip
+                "Triton",
+                MISSING,
+                "not installed (a dependency on Linux; chapter 6's kernels need it)",
+                SETUP_FIX,
+            )
         return Check(
-            "Triton", OPTIONAL,
+            "Triton",
+            OPTIONAL,
             f"no Triton wheel for {m.platform}: chapter 6's kernel cells fail with an error "
             "saying so; every other cell runs",
             "for chapter 6's kernels, use a Linux machine",
-        )  # fmt: skip
+        )
     if m.gpu is not None:
         return Check("Triton", OK, f"{version}: kernels compile for the GPU ({m.gpu.sm})")
     return Check(
-        "Triton", OK,
+        "Triton",
+        OK,
         f"{version}: no CUDA GPU, so the kernels run in Triton's interpreter "
         "(TRITON_INTERPRET=1): correct but slow",
-    )  # fmt: skip
+    )
 
 
 def _check_cxx(m: Machine) -> Check:
     if m.cxx:
         return Check("C++ compiler", OK, f"{m.cxx} (torch.compile builds CPU kernels with it)")
     return Check(
-        "C++ compiler", MISSING,
+        "C++ compiler",
+        MISSING,
         "none found (torch.compile needs one on a CPU: chapters 6 and 7)",
         "sudo apt-get install g++ (Debian/Ubuntu) or xcode-select --install (macOS)",
-    )  # fmt: skip
+    )
 
 
 def _check_at_least(
@@ -311,17 +318,24 @@ def _check_at_least(
 
 def _check_disk(m: Machine) -> Check:
     return _check_at_least(
-        "disk", m.disk_free, MIN_DISK_BYTES, f"free in {m.cwd}",
+        "disk",
+        m.disk_free,
+        MIN_DISK_BYTES,
+        f"free in {m.cwd}",
         f"could not read the free space in {m.cwd}",
         "free up space here (runs write checkpoints, results and torch.compile's cache)",
-    )  # fmt: skip
+    )
 
 
 def _check_ram(m: Machine) -> Check:
     return _check_at_least(
-        "RAM", m.ram_total, MIN_RAM_BYTES, "total", "could not read the total memory",
+        "RAM",
+        m.ram_total,
+        MIN_RAM_BYTES,
+        "total",
+        "could not read the total memory",
         "use a machine with 8 GB or more (chapter 8 starts 7 processes, each importing PyTorch)",
-    )  # fmt: skip
+    )
 
 
 def _auto_preset(m: Machine) -> tuple[str, str]:
@@ -345,17 +359,20 @@ def _check_preset(m: Machine) -> tuple[Check, str]:
     chosen = m.preset_env
     if chosen not in PRESETS:
         return Check(
-            "preset", MISSING, f"TUTORIAL_PRESET={chosen!r} is not a preset",
+            "preset",
+            MISSING,
+            f"TUTORIAL_PRESET={chosen!r} is not a preset",
             f"unset TUTORIAL_PRESET (auto picks {auto} here) or set it to one of "
             f"{', '.join(PRESETS)}",
-        ), auto  # fmt: skip
+        ), auto
     detail = f"{chosen} (from TUTORIAL_PRESET; auto would pick {auto}: {why})"
     if chosen == "hopper" and m.gpu is None:
         return Check(
-            "preset", MISSING,
+            "preset",
+            MISSING,
             f"{detail}; the hopper sizes take far too long on a CPU",
             "unset TUTORIAL_PRESET (or export TUTORIAL_PRESET=ci)",
-        ), chosen  # fmt: skip
+        ), chosen
     return Check("preset", OK, detail), chosen
 
 
@@ -363,11 +380,12 @@ def _check_gpu(m: Machine) -> Check:
     if m.gpu is None:
         if m.nvidia_smi and m.torch_version is not None and m.torch_cuda is None:
             return Check(
-                "GPU", OPTIONAL,
+                "GPU",
+                OPTIONAL,
                 "nvidia-smi finds a GPU, but torch is a CPU build: ci preset on the CPU",
                 "to use the GPU: install a CUDA torch (conda env create -f environment.yml), "
                 "then make setup TORCH=system",
-            )  # fmt: skip
+            )
         return Check("GPU", OK, "none: ci preset on CPU (fine for the workshop)")
     g = m.gpu
     if g.capability == (9, 0):
@@ -376,15 +394,17 @@ def _check_gpu(m: Machine) -> Check:
         return Check("GPU", OK, f"{g.name} ({g.sm}): runs; BF16 and FP8 tensor cores")
     if g.capability >= (8, 0):
         return Check(
-            "GPU", OK,
+            "GPU",
+            OK,
             f"{g.name} ({g.sm}): runs; BF16 tensor cores, no FP8 speed "
             "(FP8 tensor cores need sm_89+, so FP8 is emulated or skipped with the reason)",
-        )  # fmt: skip
+        )
     return Check(
-        "GPU", OK,
+        "GPU",
+        OK,
         f"{g.name} ({g.sm}): runs; no BF16 tensor cores (sm_80+) and no FP8 (sm_89+): "
         "those cells report what they cannot run",
-    )  # fmt: skip
+    )
 
 
 def _check_te(m: Machine) -> Check:
@@ -393,19 +413,22 @@ def _check_te(m: Machine) -> Check:
         return Check("Transformer Engine", OK, reason)
     if m.gpu is None:
         return Check(
-            "Transformer Engine", OPTIONAL,
+            "Transformer Engine",
+            OPTIONAL,
             "not available; it needs a CUDA GPU, and the book's TE cells say why they skip",
-        )  # fmt: skip
+        )
     if m.gpu.capability < (8, 9):
         return Check(
-            "Transformer Engine", OPTIONAL,
+            "Transformer Engine",
+            OPTIONAL,
             f"not available; its FP8 needs sm_89+, and this GPU is {m.gpu.sm}",
-        )  # fmt: skip
+        )
     return Check(
-        "Transformer Engine", OPTIONAL,
+        "Transformer Engine",
+        OPTIONAL,
         "not available: the te-fp8 cells (chapters 5 to 7) skip with the reason",
         "optional: see book/te_install.md (NVIDIA's PyTorch container, or pip against your torch)",
-    )  # fmt: skip
+    )
 
 
 def evaluate(machine: Machine) -> Readiness:

@@ -115,9 +115,10 @@ class NonFiniteLossError(RuntimeError):
     ) -> None:
         kept = f"The last good checkpoint is {checkpoint}." if checkpoint else "No checkpoint."
         what = (
-            f"loss ({loss})" if not math.isfinite(loss)
+            f"loss ({loss})"
+            if not math.isfinite(loss)
             else f"gradient norm ({grad_norm}, loss {loss})"
-        )  # fmt: skip
+        )
         super().__init__(
             f"Non-finite {what} at step {step}. {kept} Try a lower learning rate, "
             "gradient clipping, or a wider-range precision (bf16 instead of fp16)."
@@ -359,9 +360,13 @@ class Trainer:
         """Run until ``steps`` (default ``cfg.steps``) optimizer steps have been taken in total."""
         target = steps if steps is not None else self.cfg.steps
         bar = tqdm(
-            total=target, initial=self.step, disable=not self.cfg.progress, desc="train",
-            unit="step", dynamic_ncols=True,
-        )  # fmt: skip
+            total=target,
+            initial=self.step,
+            disable=not self.cfg.progress,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+        )
         try:
             while self.step < target:
                 row = self.train_step()

@@ -39,9 +39,14 @@ def use_book_style() -> None:
 def label_hardware(ax: Axes, text: str) -> None:
     """Stamp the hardware (and date) a figure was measured on in its lower-right corner."""
     ax.annotate(
-        text, xy=(1.0, -0.18), xycoords="axes fraction", ha="right", va="top",
-        fontsize=8, color="0.4",
-    )  # fmt: skip
+        text,
+        xy=(1.0, -0.18),
+        xycoords="axes fraction",
+        ha="right",
+        va="top",
+        fontsize=8,
+        color="0.4",
+    )
 
 
 def loss_curve(
@@ -63,8 +68,11 @@ def loss_curve(
         steps = [int(r["step"]) + 1 for r in history]  # type: ignore[arg-type]
         loss = [float(r["loss"]) for r in history]  # type: ignore[arg-type]
         if smooth > 1:
-            loss = [sum(loss[max(0, j - smooth + 1) : j + 1]) / len(loss[max(0, j - smooth + 1) : j + 1])
-                    for j in range(len(loss))]  # fmt: skip
+            loss = [
+                sum(loss[max(0, j - smooth + 1) : j + 1])
+                / len(loss[max(0, j - smooth + 1) : j + 1])
+                for j in range(len(loss))
+            ]
         ax.plot(steps, loss, color=color, label=f"{label} (train)")
         val = [
             (s, r["val_loss"])

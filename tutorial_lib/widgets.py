@@ -71,8 +71,13 @@ def rounding_table_html(
     )
     body = []
     for r in rounding_rows(value, formats):
-        cells = [r["format"], f"{r['rounded']:.10g}", f"{r['abs_error']:.3e}",
-                 f"{r['rel_error']:.3e}", f"{r['spacing']:.3e}"]  # fmt: skip
+        cells = [
+            r["format"],
+            f"{r['rounded']:.10g}",
+            f"{r['abs_error']:.3e}",
+            f"{r['rel_error']:.3e}",
+            f"{r['spacing']:.3e}",
+        ]
         tds = "".join(
             f"<td style='text-align:right;padding:2px 8px;font-family:monospace'>"
             f"{html.escape(c)}</td>"
@@ -106,9 +111,15 @@ def rounding_explorer(
     widgets = _import_ipywidgets()
     text = widgets.FloatText(value=value, description="x =")
     slider = widgets.FloatLogSlider(
-        value=_slider_magnitude(value), base=10, min=-45, max=38.5, step=0.01,
-        description="|x|", readout_format=".3e", continuous_update=False,
-    )  # fmt: skip
+        value=_slider_magnitude(value),
+        base=10,
+        min=-45,
+        max=38.5,
+        step=0.01,
+        description="|x|",
+        readout_format=".3e",
+        continuous_update=False,
+    )
     table = widgets.HTML(value=rounding_table_html(value, formats))
     busy = [False]  # guards against the text <-> slider echo
 
@@ -192,14 +203,30 @@ def plot_fp8_histogram(
     ax.axvspan(lo, math.log2(fp8.min_normal), color="0.5", alpha=0.12)
     for xv, label in ((hi, "max"), (math.log2(fp8.min_normal), "min normal"), (lo, "min sub.")):
         ax.axvline(xv, color="0.3", lw=1, ls="--")
-        ax.annotate(label, (xv, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
-                    rotation=90, va="top", ha="right")  # fmt: skip
+        ax.annotate(
+            label,
+            (xv, 1.0),
+            xycoords=("data", "axes fraction"),
+            fontsize=7,
+            rotation=90,
+            va="top",
+            ha="right",
+        )
     st = quant_stats(x, fp8, scale)
-    ax.text(0.30, 0.97, f"saturated {st.saturated:.2%}\nflushed {st.flushed:.2%}\n"
-            f"rel. RMS error {st.rel_rmse:.3f}", transform=ax.transAxes, va="top", fontsize=8,
-            bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"})  # fmt: skip
-    ax.set(title=title or f"{fp8.name} at scale 2^{math.log2(scale):.1f}",
-           xlabel="log2 |x * scale|", ylabel="count")  # fmt: skip
+    ax.text(
+        0.30,
+        0.97,
+        f"saturated {st.saturated:.2%}\nflushed {st.flushed:.2%}\nrel. RMS error {st.rel_rmse:.3f}",
+        transform=ax.transAxes,
+        va="top",
+        fontsize=8,
+        bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"},
+    )
+    ax.set(
+        title=title or f"{fp8.name} at scale 2^{math.log2(scale):.1f}",
+        xlabel="log2 |x * scale|",
+        ylabel="count",
+    )
     return ax.figure  # type: ignore[return-value]
 
 

@@ -70,16 +70,23 @@ _BUFFERS = {
     "backward": ("fp8_amax_history_bwd", "fp8_scale_bwd", "fp8_scale_inv_bwd"),
 }
 _COLUMNS = {"forward": 3, "backward": 2}
-_STAT_SLOTS = {"input": ("forward", GEMM1_INPUT), "weight": ("forward", GEMM1_WEIGHT),
-               "grad_output": ("backward", GRAD_OUTPUT1)}  # fmt: skip
+_STAT_SLOTS = {
+    "input": ("forward", GEMM1_INPUT),
+    "weight": ("forward", GEMM1_WEIGHT),
+    "grad_output": ("backward", GRAD_OUTPUT1),
+}
 
 
 # ---- GEMMs -------------------------------------------------------------------------------------
 def scaled_gemm(
-    a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
-    bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
+    a: torch.Tensor,
+    a_inv: torch.Tensor,
+    b: torch.Tensor,
+    b_inv: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
     emulate: bool = False,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """``(a * a_inv) @ (b * b_inv) + bias`` for FP8 ``a`` (M, K), ``b`` (K, N), in ``out_dtype``.
 
     ``a_inv``/``b_inv`` are the scale inverses (0-d float32). On CUDA: ``torch._scaled_mm``
@@ -92,16 +99,24 @@ def scaled_gemm(
         return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
     fused = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
     out = torch._scaled_mm(
-        a.contiguous(), b.t().contiguous().t(), scale_a=a_inv, scale_b=b_inv,
-        bias=bias if fused else None, out_dtype=out_dtype,
-    )  # fmt: skip
+        a.contiguous(),
+        b.t().contiguous().t(),
+        scale_a=a_inv,
+        scale_b=b_inv,
+        bias=bias if fused else None,
+        out_dtype=out_dtype,
+    )
     return out + bias if bias is not None and not fused else out
 
 
 def emulated_gemm(
-    a: torch.Tensor, a_inv: torch.Tensor, b: torch.Tensor, b_inv: torch.Tensor,
-    bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:  # fmt: skip
+    a: torch.Tensor,
+    a_inv: torch.Tensor,
+    b: torch.Tensor,
+    b_inv: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """The FP8 GEMM without FP8 units, in the GPU's order: exact FP8 products summed in float32,
     times ``a_inv * b_inv``, plus bias in float32, rounded once to ``out_dtype``. Autocast is
     switched off inside, so the matmul stays float32 even when called under BF16 autocast."""
@@ -115,10 +130,16 @@ class _FP8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-        module: FP8Linear, fp8: FP8AutocastState, out_dtype: torch.dtype, emulate: bool,
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        module: FP8Linear,
+        fp8: FP8AutocastState,
+        out_dtype: torch.dtype,
+        emulate: bool,
         step: _BackwardStep | None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         fmt = fp8.recipe.fwd_format
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, x.shape[-1])
@@ -176,10 +197,16 @@ class FP8Linear(nn.Linear):
     """
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = True,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-        amax_history_len: int = 1024, emulate: bool | None = None, collect_stats: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        amax_history_len: int = 1024,
+        emulate: bool | None = None,
+        collect_stats: bool = False,
+    ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.emulate, self.collect_stats = emulate, collect_stats
         self.fp8_name: str | None = None
@@ -190,8 +217,13 @@ class FP8Linear(nn.Linear):
     def from_linear(cls, linear: nn.Linear, **fp8_kwargs: Any) -> FP8Linear:
         """An FP8Linear holding ``linear``'s own Parameter objects (so ties and optimizers see the
         same tensors); scaling buffers on the weight's device."""
-        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                  device="meta", **fp8_kwargs)  # fmt: skip
+        new = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            device="meta",
+            **fp8_kwargs,
+        )
         new.weight = linear.weight
         new.bias = linear.bias
         new._init_fp8_buffers(new.fp8_state.forward.history_len, linear.weight.device)
@@ -279,14 +311,17 @@ class FP8Linear(nn.Linear):
         tokens = math.prod(x.shape[:-1])
         problems = _weight_problems(self.in_features, self.out_features)
         if tokens % 8:
-            problems.append(f"the input's leading dimensions {tuple(x.shape[:-1])} multiply to "
-                            f"{tokens}, not a multiple of 8")  # fmt: skip
+            problems.append(
+                f"the input's leading dimensions {tuple(x.shape[:-1])} multiply to "
+                f"{tokens}, not a multiple of 8"
+            )
         if problems:
             raise ValueError(
-                f"FP8 GEMM shape error in layer {self._layer_name()}: " + "; ".join(problems)
+                f"FP8 GEMM shape error in layer {self._layer_name()}: "
+                + "; ".join(problems)
                 + ". FP8 GEMMs need in/out features that are multiples of 16 and a token count "
                 "(batch x sequence) that is a multiple of 8: choose such sizes or pad."
-            )  # fmt: skip
+            )
 
     def _resolve_emulate(self, device: torch.device, fp8: FP8AutocastState) -> bool:
         emulate = self.emulate if self.emulate is not None else bool(fp8.emulate)
@@ -321,9 +356,15 @@ class FP8Linear(nn.Linear):
         return out
 
     def _load_from_state_dict(
-        self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
-        missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str],
-    ) -> None:  # fmt: skip
+        self,
+        state_dict: Any,
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
         names = [n for ns in _BUFFERS.values() for n in ns]
         present = [n for n in names if prefix + n in state_dict]
         if not present:  # a plain nn.Linear state dict: keep the current scaling state
@@ -331,8 +372,15 @@ class FP8Linear(nn.Linear):
             for n in names:
                 self._buffers.pop(n)
             try:
-                super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
-                                              missing_keys, unexpected_keys, error_msgs)  # fmt: skip
+                super()._load_from_state_dict(
+                    state_dict,
+                    prefix,
+                    local_metadata,
+                    strict,
+                    missing_keys,
+                    unexpected_keys,
+                    error_msgs,
+                )
             finally:
                 self._buffers.clear()
                 self._buffers.update(persistent)
@@ -346,8 +394,9 @@ class FP8Linear(nn.Linear):
                 f"amax_history_len={saved[0]} (convert_to_fp8(..., amax_history_len={saved[0]}) "
                 f"and DelayedScaling(amax_history_len={saved[0]})) before loading."
             )
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)  # fmt: skip
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     def extra_repr(self) -> str:
         length = self.fp8_state.forward.history_len
@@ -359,9 +408,11 @@ def _with_stats(fp8: FP8AutocastState) -> FP8AutocastState:
 
 
 def _weight_problems(in_features: int, out_features: int) -> list[str]:
-    return [f"{what} = {n} is not a multiple of 16"
-            for what, n in (("in_features", in_features), ("out_features", out_features))
-            if n % 16]  # fmt: skip
+    return [
+        f"{what} = {n} is not a multiple of 16"
+        for what, n in (("in_features", in_features), ("out_features", out_features))
+        if n % 16
+    ]
 
 
 # ---- converting a model ------------------------------------------------------------------------
@@ -375,10 +426,13 @@ def convertible_linears(
         counts[id(p)] = counts.get(id(p), 0) + 1
     shared = {pid for pid, n in counts.items() if n > 1}
     return [
-        (name, m) for name, m in model.named_modules()
-        if type(m) is nn.Linear and (include_lm_head or (
-            id(m.weight) not in shared and name.rsplit(".", 1)[-1] != "lm_head"))
-    ]  # fmt: skip
+        (name, m)
+        for name, m in model.named_modules()
+        if type(m) is nn.Linear
+        and (
+            include_lm_head or (id(m.weight) not in shared and name.rsplit(".", 1)[-1] != "lm_head")
+        )
+    ]
 
 
 def fp8_layer_problems(model: nn.Module, include_lm_head: bool = False) -> list[str]:
@@ -391,9 +445,12 @@ def fp8_layer_problems(model: nn.Module, include_lm_head: bool = False) -> list[
 
 
 def convert_to_fp8(
-    model: nn.Module, include_lm_head: bool = False, emulate: bool | None = None,
-    amax_history_len: int = 1024, collect_stats: bool = False,
-) -> nn.Module:  # fmt: skip
+    model: nn.Module,
+    include_lm_head: bool = False,
+    emulate: bool | None = None,
+    amax_history_len: int = 1024,
+    collect_stats: bool = False,
+) -> nn.Module:
     """Swap every ``nn.Linear`` of ``model`` (in place) for an ``FP8Linear``; returns ``model``.
 
     The new layers hold the old Parameter objects (no copy; ties stay tied). Not swapped:
@@ -406,11 +463,15 @@ def convert_to_fp8(
     if problems:
         raise ValueError(
             "convert_to_fp8: FP8 GEMMs need Linear in/out features that are multiples of 16; "
-            "these layers are not: " + "; ".join(problems)
+            "these layers are not: "
+            + "; ".join(problems)
             + ". Choose widths that are multiples of 16 (e.g. n_embd 32, 64, 128) or pad."
-        )  # fmt: skip
-    kwargs = {"emulate": emulate, "amax_history_len": amax_history_len,
-              "collect_stats": collect_stats}  # fmt: skip
+        )
+    kwargs = {
+        "emulate": emulate,
+        "amax_history_len": amax_history_len,
+        "collect_stats": collect_stats,
+    }
     for name, old in targets:
         new = FP8Linear.from_linear(old, **kwargs)
         new.fp8_name = name

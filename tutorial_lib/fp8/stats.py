@@ -103,8 +103,10 @@ def capture_gemm_tensors(
         ) -> None:
             slot["grad_output"] = gout[0].detach().float().cpu()
 
-        handles += [module.register_forward_hook(fwd_hook),
-                    module.register_full_backward_hook(bwd_hook)]  # fmt: skip
+        handles += [
+            module.register_forward_hook(fwd_hook),
+            module.register_full_backward_hook(bwd_hook),
+        ]
     try:
         _, loss = model(idx, targets)
         loss.backward()

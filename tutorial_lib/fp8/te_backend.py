@@ -41,35 +41,74 @@ from ..precision import POLICIES, PrecisionPolicy, register_policy
 from .linear import convertible_linears, fp8_layer_problems
 
 __all__ = [
-    "TE_API_USED", "TE_API_NAMED", "TE_DEFAULTS_ASSUMED", "TE_PARAMETER_NAMES", "TE_ENUM_MEMBERS",
-    "TE_FWD_INDEX", "TE_BWD_INDEX", "TE_POLICY_NAME", "TE_FUSED_POLICY_NAME", "TELayers",
-    "TEFusedMLP", "te_available", "te_recipe_kwargs", "te_recipe", "te_autocast",
-    "fp8_shape_problems", "convert_to_te", "te_scaling_state", "check_te_fp8_device",
-    "make_te_policy", "register_te_policy",
-]  # fmt: skip
+    "TE_API_USED",
+    "TE_API_NAMED",
+    "TE_DEFAULTS_ASSUMED",
+    "TE_PARAMETER_NAMES",
+    "TE_ENUM_MEMBERS",
+    "TE_FWD_INDEX",
+    "TE_BWD_INDEX",
+    "TE_POLICY_NAME",
+    "TE_FUSED_POLICY_NAME",
+    "TELayers",
+    "TEFusedMLP",
+    "te_available",
+    "te_recipe_kwargs",
+    "te_recipe",
+    "te_autocast",
+    "fp8_shape_problems",
+    "convert_to_te",
+    "te_scaling_state",
+    "check_te_fp8_device",
+    "make_te_policy",
+    "register_te_policy",
+]
 
 # ---- the TE API this module uses (checked by tests/test_te_contract.py) --------------------
 # Callables we call -> the keyword arguments we pass them (always by keyword).
 TE_API_USED: dict[str, tuple[str, ...]] = {
     "transformer_engine.pytorch.Linear": (
-        "in_features", "out_features", "bias", "params_dtype", "device", "init_method",
+        "in_features",
+        "out_features",
+        "bias",
+        "params_dtype",
+        "device",
+        "init_method",
     ),
     "transformer_engine.pytorch.LayerNorm": ("normalized_shape", "eps", "dtype", "device"),
     "transformer_engine.pytorch.LayerNormLinear": (
-        "in_features", "out_features", "eps", "bias", "normalization", "params_dtype", "device",
+        "in_features",
+        "out_features",
+        "eps",
+        "bias",
+        "normalization",
+        "params_dtype",
+        "device",
         "init_method",
     ),
     "transformer_engine.pytorch.LayerNormMLP": (
-        "hidden_size", "ffn_hidden_size", "eps", "bias", "normalization", "activation",
-        "params_dtype", "device", "init_method", "output_layer_init_method",
+        "hidden_size",
+        "ffn_hidden_size",
+        "eps",
+        "bias",
+        "normalization",
+        "activation",
+        "params_dtype",
+        "device",
+        "init_method",
+        "output_layer_init_method",
     ),
     "transformer_engine.pytorch.autocast": ("enabled", "recipe", "amax_reduction_group"),
     "transformer_engine.pytorch.fp8_autocast": ("enabled", "fp8_recipe", "fp8_group"),
     "transformer_engine.pytorch.is_fp8_available": ("return_reason",),
     "transformer_engine.common.recipe.DelayedScaling": (
-        "margin", "fp8_format", "amax_history_len", "amax_compute_algo", "reduce_amax",
+        "margin",
+        "fp8_format",
+        "amax_history_len",
+        "amax_compute_algo",
+        "reduce_amax",
     ),
-}  # fmt: skip
+}
 # Names the docstrings and the book point readers to (existence only).
 TE_API_NAMED: tuple[str, ...] = (
     "transformer_engine.pytorch.TransformerLayer",
@@ -82,39 +121,60 @@ TE_API_NAMED: tuple[str, ...] = (
 # Defaults we rely on by *not* passing an argument, or mirror in our own recipe (source text).
 TE_DEFAULTS_ASSUMED: dict[str, dict[str, str]] = {
     "transformer_engine.common.recipe.DelayedScaling": {
-        "margin": "0", "fp8_format": "Format.HYBRID", "amax_history_len": "1024",
-        "amax_compute_algo": "'max'", "reduce_amax": "True",
+        "margin": "0",
+        "fp8_format": "Format.HYBRID",
+        "amax_history_len": "1024",
+        "amax_compute_algo": "'max'",
+        "reduce_amax": "True",
     },
     "transformer_engine.pytorch.autocast": {"enabled": "True", "calibrating": "False"},
     "transformer_engine.pytorch.fp8_autocast": {"enabled": "True", "calibrating": "False"},
     "transformer_engine.pytorch.Linear": {
-        "return_bias": "False", "parallel_mode": "None", "tp_size": "1",
+        "return_bias": "False",
+        "parallel_mode": "None",
+        "tp_size": "1",
         "sequence_parallel": "False",
     },
     "transformer_engine.pytorch.LayerNorm": {"zero_centered_gamma": "False"},
     # One output tensor, one unsplit weight called "weight", no tensor parallelism, gain 1 + 0.
     "transformer_engine.pytorch.LayerNormLinear": {
-        "return_bias": "False", "return_layernorm_output": "False", "parameters_split": "None",
-        "parallel_mode": "None", "tp_size": "1", "sequence_parallel": "False",
+        "return_bias": "False",
+        "return_layernorm_output": "False",
+        "parameters_split": "None",
+        "parallel_mode": "None",
+        "tp_size": "1",
+        "sequence_parallel": "False",
         "zero_centered_gamma": "False",
     },
     "transformer_engine.pytorch.LayerNormMLP": {
-        "return_bias": "False", "return_layernorm_output": "False", "set_parallel_mode": "False",
-        "tp_size": "1", "sequence_parallel": "False", "zero_centered_gamma": "False",
+        "return_bias": "False",
+        "return_layernorm_output": "False",
+        "set_parallel_mode": "False",
+        "tp_size": "1",
+        "sequence_parallel": "False",
+        "zero_centered_gamma": "False",
     },
     "transformer_engine.pytorch.is_fp8_available": {"return_reason": "False"},
-}  # fmt: skip
+}
 # The parameter names we copy weights into (test_te_contract.py finds each in the class's source).
 TE_PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
     "transformer_engine.pytorch.Linear": ("weight", "bias"),
     "transformer_engine.pytorch.LayerNorm": ("weight", "bias"),
     "transformer_engine.pytorch.LayerNormLinear": (
-        "layer_norm_weight", "layer_norm_bias", "weight", "bias",
+        "layer_norm_weight",
+        "layer_norm_bias",
+        "weight",
+        "bias",
     ),
     "transformer_engine.pytorch.LayerNormMLP": (
-        "layer_norm_weight", "layer_norm_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias",
+        "layer_norm_weight",
+        "layer_norm_bias",
+        "fc1_weight",
+        "fc1_bias",
+        "fc2_weight",
+        "fc2_bias",
     ),
-}  # fmt: skip
+}
 TE_ENUM_MEMBERS: dict[str, tuple[str, ...]] = {
     "transformer_engine.common.recipe.Format": ("E4M3", "E5M2", "HYBRID"),
 }
@@ -178,8 +238,10 @@ def _copy_into(new: nn.Module, sources: _Sources) -> nn.Module:
 
 
 def _norm_sources(norm: nn.LayerNorm, prefix: str = "") -> _Sources:
-    return {f"{prefix}weight": 1.0 if norm.weight is None else norm.weight,
-            f"{prefix}bias": 0.0 if norm.bias is None else norm.bias}  # fmt: skip
+    return {
+        f"{prefix}weight": 1.0 if norm.weight is None else norm.weight,
+        f"{prefix}bias": 0.0 if norm.bias is None else norm.bias,
+    }
 
 
 def _linear_sources(linear: nn.Linear, prefix: str = "") -> _Sources:
@@ -218,9 +280,13 @@ class TELayers(TorchLayers):
             raise ValueError(f"Unknown linear role {role!r}; expected one of {LINEAR_ROLES}.")
         te = _import_te()
         return te.Linear(
-            in_features=in_features, out_features=out_features, bias=bias,
-            params_dtype=self._dtype(), device=self._device(), init_method=_gpt2_normal_init,
-        )  # fmt: skip
+            in_features=in_features,
+            out_features=out_features,
+            bias=bias,
+            params_dtype=self._dtype(),
+            device=self._device(),
+            init_method=_gpt2_normal_init,
+        )
 
     def layernorm(self, features: int, bias: bool) -> nn.Module:
         te = _import_te()
@@ -326,9 +392,13 @@ def fp8_shape_problems(model: nn.Module) -> list[str]:
 
 def _te_linear_like(te: ModuleType, old: nn.Linear, device: torch.device) -> nn.Module:
     new = te.Linear(
-        in_features=old.in_features, out_features=old.out_features, bias=old.bias is not None,
-        params_dtype=old.weight.dtype, device=device, init_method=_gpt2_normal_init,
-    )  # fmt: skip
+        in_features=old.in_features,
+        out_features=old.out_features,
+        bias=old.bias is not None,
+        params_dtype=old.weight.dtype,
+        device=device,
+        init_method=_gpt2_normal_init,
+    )
     return _copy_into(new, _linear_sources(old))
 
 
@@ -411,8 +481,13 @@ class TEFusedMLP(nn.Module):
         return self.drop(self.layernorm_mlp(x))  # (B, T, C): the residual stream, not normalised
 
 
-_FUSED_PARTS = {"ln1": nn.LayerNorm, "attn.qkv": nn.Linear, "ln2": nn.LayerNorm,
-                "mlp.fc": nn.Linear, "mlp.proj": nn.Linear}  # fmt: skip
+_FUSED_PARTS = {
+    "ln1": nn.LayerNorm,
+    "attn.qkv": nn.Linear,
+    "ln2": nn.LayerNorm,
+    "mlp.fc": nn.Linear,
+    "mlp.proj": nn.Linear,
+}
 
 
 def _fusion_problems(name: str, block: nn.Module) -> list[str]:
@@ -458,10 +533,15 @@ def _te_layernorm_linear_like(
     te: ModuleType, norm: nn.LayerNorm, linear: nn.Linear, device: torch.device
 ) -> nn.Module:
     new = te.LayerNormLinear(
-        in_features=linear.in_features, out_features=linear.out_features, eps=norm.eps,
-        bias=linear.bias is not None, normalization="LayerNorm", params_dtype=linear.weight.dtype,
-        device=device, init_method=_gpt2_normal_init,
-    )  # fmt: skip
+        in_features=linear.in_features,
+        out_features=linear.out_features,
+        eps=norm.eps,
+        bias=linear.bias is not None,
+        normalization="LayerNorm",
+        params_dtype=linear.weight.dtype,
+        device=device,
+        init_method=_gpt2_normal_init,
+    )
     return _copy_into(new, {**_norm_sources(norm, "layer_norm_"), **_linear_sources(linear)})
 
 
@@ -475,13 +555,22 @@ def _te_layernorm_mlp_like(
     # jit.py's bias_gelu_fused_, LayerNormMLP's ONNX path: F.gelu(approximate="tanh")).
     # "qgelu" is a different function, x * sigmoid(1.702 x).
     new = te.LayerNormMLP(
-        hidden_size=fc.in_features, ffn_hidden_size=fc.out_features, eps=norm.eps,
-        bias=fc.bias is not None, normalization="LayerNorm", activation="gelu",
-        params_dtype=fc.weight.dtype, device=device, init_method=_gpt2_normal_init,
+        hidden_size=fc.in_features,
+        ffn_hidden_size=fc.out_features,
+        eps=norm.eps,
+        bias=fc.bias is not None,
+        normalization="LayerNorm",
+        activation="gelu",
+        params_dtype=fc.weight.dtype,
+        device=device,
+        init_method=_gpt2_normal_init,
         output_layer_init_method=_gpt2_normal_init,
-    )  # fmt: skip
-    sources = {**_norm_sources(norm, "layer_norm_"), **_linear_sources(fc, "fc1_"),
-               **_linear_sources(proj, "fc2_")}  # fmt: skip
+    )
+    sources = {
+        **_norm_sources(norm, "layer_norm_"),
+        **_linear_sources(fc, "fc1_"),
+        **_linear_sources(proj, "fc2_"),
+    }
     dropout = getattr(_submodule_or_none(mlp, "drop"), "p", 0.0)
     return TEFusedMLP(_copy_into(new, sources), dropout)
 
@@ -541,9 +630,10 @@ def check_te_fp8_device(device: torch.device, policy_name: str = TE_POLICY_NAME)
                 problems.append(f"TE reports no FP8 support: {why}.")
     if problems:
         raise RuntimeError(
-            f"The {policy_name!r} precision policy cannot run here: " + " ".join(problems)
+            f"The {policy_name!r} precision policy cannot run here: "
+            + " ".join(problems)
             + " Use 'bf16' instead."
-        )  # fmt: skip
+        )
 
 
 def make_te_policy(recipe: object | None = None, fused: bool = False) -> PrecisionPolicy:
@@ -567,16 +657,18 @@ def make_te_policy(recipe: object | None = None, fused: bool = False) -> Precisi
     return PrecisionPolicy(
         name=name,
         description=(
-            "te-fp8 with TE's fused LayerNormLinear (QKV) and LayerNormMLP modules" if fused
+            "te-fp8 with TE's fused LayerNormLinear (QKV) and LayerNormMLP modules"
+            if fused
             else "Transformer Engine Linear/LayerNorm, FP8 GEMMs (delayed scaling), BF16 rest"
         ),
         autocast_dtype=torch.bfloat16,
         peak_dtype="fp8",
         prepare_model=functools.partial(convert_to_te, fused=True) if fused else convert_to_te,
         extra_context=region,
-        check=functools.partial(check_te_fp8_device, policy_name=name) if fused
+        check=functools.partial(check_te_fp8_device, policy_name=name)
+        if fused
         else check_te_fp8_device,
-    )  # fmt: skip
+    )
 
 
 def register_te_policy(fused: bool = False) -> PrecisionPolicy:

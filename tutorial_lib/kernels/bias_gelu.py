@@ -54,9 +54,15 @@ def _gelu_tanh(h):
 
 @triton.jit
 def _bias_gelu_fwd_kernel(
-    x_ptr, bias_ptr, y_ptr, M, N,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    bias_ptr,
+    y_ptr,
+    M,
+    N,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     # This program owns a BLOCK_M x BLOCK_N tile of the (M, N) matrix.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,9 +78,17 @@ def _bias_gelu_fwd_kernel(
 
 @triton.jit
 def _bias_gelu_bwd_kernel(
-    dy_ptr, x_ptr, bias_ptr, dx_ptr, dbias_partial_ptr, M, N,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    dy_ptr,
+    x_ptr,
+    bias_ptr,
+    dx_ptr,
+    dbias_partial_ptr,
+    M,
+    N,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     pid_m = tl.program_id(0)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -147,9 +161,18 @@ def bias_gelu_backward(
     b = bias.contiguous() if bias is not None else x2
     partial = torch.empty(grid[0], N, device=x.device) if bias is not None else x2
     _bias_gelu_bwd_kernel[grid](
-        dy2, x2, b, dx, partial, M, N,
-        HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-    )  # fmt: skip
+        dy2,
+        x2,
+        b,
+        dx,
+        partial,
+        M,
+        N,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        num_warps=warps,
+    )
     dbias = partial.sum(dim=0).to(bias.dtype) if bias is not None else None
     return dx, dbias
 

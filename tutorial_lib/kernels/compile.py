@@ -214,9 +214,8 @@ def kernel_excerpt(code: str, name_contains: str = "gelu", max_lines: int = 32) 
     body = [line for line in lines[start:end] if line.strip()]
     first = next((i for i, line in enumerate(body) if line.startswith(("def ", 'extern "C"'))), 0)
     calls = [
-        line.strip() for line in lines
-        if _KERNEL_LAUNCH.match(line) or _LIBRARY_CALL.match(line)
-    ]  # fmt: skip
+        line.strip() for line in lines if _KERNEL_LAUNCH.match(line) or _LIBRARY_CALL.match(line)
+    ]
     return "\n".join(body[first : first + max_lines] + ["...", "", "# launches in call():"] + calls)
 
 

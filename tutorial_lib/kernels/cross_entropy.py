@@ -71,9 +71,16 @@ def _check_targets(targets: Tensor, M: int, V: int, ignore_index: int) -> None:
 
 @triton.jit
 def _cross_entropy_fwd_kernel(
-    logits_ptr, targets_ptr, lse_ptr, loss_ptr, M, V, ignore_index,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-):  # fmt: skip
+    logits_ptr,
+    targets_ptr,
+    lse_ptr,
+    loss_ptr,
+    M,
+    V,
+    ignore_index,
+    BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     # Rows past the end re-read row M - 1 (never stored): a row of only -inf would make
@@ -85,8 +92,9 @@ def _cross_entropy_fwd_kernel(
         cols = v0 + tl.arange(0, BLOCK_V)
         x = tl.load(
             logits_ptr + row_start[:, None] + cols[None, :],
-            mask=cols[None, :] < V, other=-float("inf"),
-        ).to(tl.float32)  # fmt: skip
+            mask=cols[None, :] < V,
+            other=-float("inf"),
+        ).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=1))
         # Rescale what we summed so far to the new max, then add this chunk.
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), axis=1)
@@ -103,9 +111,17 @@ def _cross_entropy_fwd_kernel(
 
 @triton.jit
 def _cross_entropy_bwd_kernel(
-    logits_ptr, targets_ptr, lse_ptr, scale_ptr, dlogits_ptr, M, V, ignore_index,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-):  # fmt: skip
+    logits_ptr,
+    targets_ptr,
+    lse_ptr,
+    scale_ptr,
+    dlogits_ptr,
+    M,
+    V,
+    ignore_index,
+    BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     row_start = rows.to(tl.int64) * V
@@ -161,9 +177,17 @@ def cross_entropy_forward(
     losses = output_buffer(loss_out, (M,), torch.float32, logits.device, "cross_entropy loss_out")
     bv, bm, warps = _blocks(M, V, block_v, block_m)
     _cross_entropy_fwd_kernel[(cdiv(M, bm),)](
-        logits, targets, lse, losses, M, V, ignore_index,
-        BLOCK_M=bm, BLOCK_V=bv, num_warps=warps,
-    )  # fmt: skip
+        logits,
+        targets,
+        lse,
+        losses,
+        M,
+        V,
+        ignore_index,
+        BLOCK_M=bm,
+        BLOCK_V=bv,
+        num_warps=warps,
+    )
     n_valid = (targets != ignore_index).sum()
     loss = losses.sum() / n_valid.clamp(min=1)  # a mean over M values: negligible traffic
     return loss, lse, losses, n_valid
@@ -196,9 +220,18 @@ def cross_entropy_backward(
     dx = output_buffer(dx_out, (M, V), logits.dtype, logits.device, "cross_entropy dx_out")
     bv, bm, warps = _blocks(M, V, block_v, block_m)
     _cross_entropy_bwd_kernel[(cdiv(M, bm),)](
-        logits, targets, lse, scale, dx, M, V, ignore_index,
-        BLOCK_M=bm, BLOCK_V=bv, num_warps=warps,
-    )  # fmt: skip
+        logits,
+        targets,
+        lse,
+        scale,
+        dx,
+        M,
+        V,
+        ignore_index,
+        BLOCK_M=bm,
+        BLOCK_V=bv,
+        num_warps=warps,
+    )
     return dx
 
 

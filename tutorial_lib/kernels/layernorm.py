@@ -66,10 +66,23 @@ def add_layer_norm_reference(
 
 @triton.jit
 def _layer_norm_fwd_kernel(
-    x_ptr, res_ptr, s_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, eps,
-    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    res_ptr,
+    s_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    M,
+    N,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     # This program normalises BLOCK_M whole rows; BLOCK_N >= N so each row fits one tile.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -99,10 +112,23 @@ def _layer_norm_fwd_kernel(
 
 @triton.jit
 def _layer_norm_bwd_kernel(
-    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, ds_ptr, dx_ptr, dw_part_ptr, db_part_ptr, M, N,
-    HAS_WEIGHT: tl.constexpr, HAS_DS: tl.constexpr, WEIGHT_GRADS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    ds_ptr,
+    dx_ptr,
+    dw_part_ptr,
+    db_part_ptr,
+    M,
+    N,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DS: tl.constexpr,
+    WEIGHT_GRADS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     # A grid of P programs walks the row tiles: program p takes tiles p, p + P, p + 2P, ...
     # so the partial-sum buffers stay (P, N) however many rows there are.
     pid, num_programs = tl.program_id(0), tl.num_programs(0)
@@ -170,9 +196,16 @@ def _checked_params(
 
 
 def _forward(
-    x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None, eps: float,
-    out: Tensor | None, s_out: Tensor | None, block_m: int | None, name: str,
-) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:  # fmt: skip
+    x: Tensor,
+    residual: Tensor | None,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    out: Tensor | None,
+    s_out: Tensor | None,
+    block_m: int | None,
+    name: str,
+) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
     """Shared launcher: ``(s or None, y, mean, rstd)``."""
     check_kernel_inputs(x, residual, weight, bias, name=name)
     x2 = as_rows(x)
@@ -193,13 +226,24 @@ def _forward(
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     dummy = x2  # stands in for absent tensors; the constexpr flags keep it from being touched
     _layer_norm_fwd_kernel[(cdiv(M, tile.block_m),)](
-        x2, r2 if r2 is not None else dummy, s if s is not None else dummy,
-        weight if weight is not None else dummy, bias if bias is not None else dummy,
-        y, mean, rstd, M, N, eps,
-        HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None,
-        HAS_BIAS=bias is not None, BLOCK_M=tile.block_m, BLOCK_N=block_n,
+        x2,
+        r2 if r2 is not None else dummy,
+        s if s is not None else dummy,
+        weight if weight is not None else dummy,
+        bias if bias is not None else dummy,
+        y,
+        mean,
+        rstd,
+        M,
+        N,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        HAS_WEIGHT=weight is not None,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=tile.block_m,
+        BLOCK_N=block_n,
         num_warps=tile.num_warps,
-    )  # fmt: skip
+    )
     return s, y, mean, rstd
 
 
@@ -279,11 +323,24 @@ def layer_norm_backward(
     part_w = torch.empty(grid, N, device=x.device) if wanted else x2
     part_b = torch.empty(grid, N, device=x.device) if wanted else x2
     _layer_norm_bwd_kernel[(grid,)](
-        dy2, x2, weight if weight is not None else x2, mean, rstd,
-        as_rows(ds) if ds is not None else x2, dx, part_w, part_b, M, N,
-        HAS_WEIGHT=weight is not None, HAS_DS=ds is not None, WEIGHT_GRADS=wanted,
-        BLOCK_M=tile.block_m, BLOCK_N=block_n, num_warps=tile.num_warps,
-    )  # fmt: skip
+        dy2,
+        x2,
+        weight if weight is not None else x2,
+        mean,
+        rstd,
+        as_rows(ds) if ds is not None else x2,
+        dx,
+        part_w,
+        part_b,
+        M,
+        N,
+        HAS_WEIGHT=weight is not None,
+        HAS_DS=ds is not None,
+        WEIGHT_GRADS=wanted,
+        BLOCK_M=tile.block_m,
+        BLOCK_N=block_n,
+        num_warps=tile.num_warps,
+    )
     dw = sum_partials(part_w, weight.dtype) if wanted and weight is not None else None
     db = sum_partials(part_b, bias.dtype) if wanted and bias is not None else None
     return dx, dw, db

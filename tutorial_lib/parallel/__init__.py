@@ -17,8 +17,15 @@ from .shard import (
     unit_specs,
 )
 
-__all__ = ["ShardMap", "UnitSpec", "unit_specs", "split_evenly", "global_index", "split_by_unit",
-           "join_units"]  # fmt: skip
+__all__ = [
+    "ShardMap",
+    "UnitSpec",
+    "unit_specs",
+    "split_evenly",
+    "global_index",
+    "split_by_unit",
+    "join_units",
+]
 
 # Tensor parallelism on torch.distributed: Megatron's operators (comm), the column/row-parallel
 # layers and model (tp), starting processes with spawn or torchrun (launch), spawned workers.
@@ -44,12 +51,30 @@ from .tp import (
     tp_clip_grad_norm_,
 )
 
-__all__ += ["CopyToTensorParallel", "ReduceFromTensorParallel", "GatherFromSequenceParallel",
-            "ScatterToSequenceParallel", "copy_to_tp", "reduce_from_tp", "gather_from_sp",
-            "scatter_to_sp", "ColumnParallelLinear", "RowParallelLinear", "TPLayers",
-            "parallelize", "shard_state_dict", "gather_full", "gather_full_state_dict",
-            "tp_clip_grad_norm_", "spawn", "SpawnError", "init_from_env", "DistEnv", "TPTrainer",
-            "tensor_parallel_trainer"]  # fmt: skip
+__all__ += [
+    "CopyToTensorParallel",
+    "ReduceFromTensorParallel",
+    "GatherFromSequenceParallel",
+    "ScatterToSequenceParallel",
+    "copy_to_tp",
+    "reduce_from_tp",
+    "gather_from_sp",
+    "scatter_to_sp",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "TPLayers",
+    "parallelize",
+    "shard_state_dict",
+    "gather_full",
+    "gather_full_state_dict",
+    "tp_clip_grad_norm_",
+    "spawn",
+    "SpawnError",
+    "init_from_env",
+    "DistEnv",
+    "TPTrainer",
+    "tensor_parallel_trainer",
+]
 
 # Nonuniform tensor parallelism: planning after failures, degraded shard maps, the gradient
 # all-reduce of a DP x nonuniform-TP job (ntp); ntp_workers holds its spawned training job.
@@ -69,6 +94,18 @@ from .ntp import (  # noqa: E402 (after the TP exports above)
     token_weights,
 )
 
-__all__ += ["NTPPlan", "ReplicaPlan", "plan_ntp", "degraded_shard_map", "Route",
-            "reshard_routes", "local_batch", "token_weights", "NTPRank", "build_ntp_groups",
-            "reshard_to_core", "reshard_from_core", "ntp_allreduce_grads"]  # fmt: skip
+__all__ += [
+    "NTPPlan",
+    "ReplicaPlan",
+    "plan_ntp",
+    "degraded_shard_map",
+    "Route",
+    "reshard_routes",
+    "local_batch",
+    "token_weights",
+    "NTPRank",
+    "build_ntp_groups",
+    "reshard_to_core",
+    "reshard_from_core",
+    "ntp_allreduce_grads",
+]

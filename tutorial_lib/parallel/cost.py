@@ -107,9 +107,15 @@ def link_ridge(spec: DeviceSpec, link: Link, dtype: str = "bf16") -> float:
 
 
 def tp_layer_times(
-    batch: int, seq: int, hidden: int, tp: int, spec: DeviceSpec, link: Link,
-    dtype: str = "bf16", dtype_bytes: int = 2,
-) -> dict[str, float]:  # fmt: skip
+    batch: int,
+    seq: int,
+    hidden: int,
+    tp: int,
+    spec: DeviceSpec,
+    link: Link,
+    dtype: str = "bf16",
+    dtype_bytes: int = 2,
+) -> dict[str, float]:
     """Per layer and rank, forward + backward, at datasheet speed: ``compute_s`` (GEMMs at peak),
     ``comm_s`` (the four all-reduces on ``link``) and ``exposed_fraction``, the share of the
     step the link would add if nothing overlapped (comm / (compute + comm))."""

@@ -28,11 +28,29 @@ from .cost import ring_allreduce_bytes, tp_layer_comm_bytes
 if TYPE_CHECKING:
     from ..config import GPTConfig
 
-__all__ = ["ModelSpec", "ClusterSpec", "ParallelConfig", "Breakdown", "GB200", "CLUSTERS",
-           "check_config", "training_flops", "tp_comm_bytes_per_layer", "pipeline_bubble_fraction",
-           "dp_allreduce_time", "activation_bytes_per_layer", "iteration_time", "memory_per_gpu",
-           "tflops_per_gpu", "Table1Row", "MEGATRON_2021_TABLE1", "CALIBRATION_ROWS",
-           "A100_COMPUTE_EFFICIENCY", "calibrate_compute_efficiency", "validation_table"]  # fmt: skip
+__all__ = [
+    "ModelSpec",
+    "ClusterSpec",
+    "ParallelConfig",
+    "Breakdown",
+    "GB200",
+    "CLUSTERS",
+    "check_config",
+    "training_flops",
+    "tp_comm_bytes_per_layer",
+    "pipeline_bubble_fraction",
+    "dp_allreduce_time",
+    "activation_bytes_per_layer",
+    "iteration_time",
+    "memory_per_gpu",
+    "tflops_per_gpu",
+    "Table1Row",
+    "MEGATRON_2021_TABLE1",
+    "CALIBRATION_ROWS",
+    "A100_COMPUTE_EFFICIENCY",
+    "calibrate_compute_efficiency",
+    "validation_table",
+]
 
 # Activations and their TP/PP traffic are 16-bit; assumed under FP8 too, where only GEMM inputs
 # are cast to FP8.
@@ -63,8 +81,9 @@ def _positive(obj: object, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(obj, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{type(obj).__name__}.{name} must be a positive integer, "
-                             f"got {value!r}.")  # fmt: skip
+            raise ValueError(
+                f"{type(obj).__name__}.{name} must be a positive integer, got {value!r}."
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,8 +110,13 @@ class ModelSpec:
     @classmethod
     def from_gpt_config(cls, cfg: GPTConfig) -> ModelSpec:
         """The spec of the book's own ``GPT`` for ``cfg``."""
-        return cls(layers=cfg.n_layer, hidden=cfg.n_embd, heads=cfg.n_head,
-                   vocab=cfg.vocab_size, seq=cfg.block_size)  # fmt: skip
+        return cls(
+            layers=cfg.n_layer,
+            hidden=cfg.n_embd,
+            heads=cfg.n_head,
+            vocab=cfg.vocab_size,
+            seq=cfg.block_size,
+        )
 
     def layer_params(self) -> int:
         """QKV and projection 4h^2 + 4h, MLP 2hf + f + h, two LayerNorms 4h."""
@@ -133,12 +157,15 @@ class ClusterSpec:
         if self.nvlink_bandwidth <= 0 or self.scaleout_bandwidth <= 0:
             raise ValueError(f"{self.name}: link bandwidths must be positive.")
         if not 0 < self.collective_efficiency <= 1 or self.collective_latency < 0:
-            raise ValueError(f"{self.name}: collective_efficiency must be in (0, 1] and "
-                             "collective_latency >= 0.")  # fmt: skip
+            raise ValueError(
+                f"{self.name}: collective_efficiency must be in (0, 1] and collective_latency >= 0."
+            )
         small = self.n_gpus <= self.domain_size and self.domain_size % self.n_gpus == 0
         if not small and self.n_gpus % self.domain_size:
-            raise ValueError(f"{self.name}: n_gpus={self.n_gpus} must divide or be a multiple "
-                             f"of domain_size={self.domain_size}.")  # fmt: skip
+            raise ValueError(
+                f"{self.name}: n_gpus={self.n_gpus} must divide or be a multiple "
+                f"of domain_size={self.domain_size}."
+            )
 
     def with_gpus(self, n_gpus: int) -> ClusterSpec:
         return dataclasses.replace(self, n_gpus=n_gpus)
@@ -148,29 +175,59 @@ _IB_400G = 400e9 / 8  # one 400 Gb/s ConnectX-7 port per GPU
 CLUSTERS: dict[str, ClusterSpec] = {
     c.name: c
     for c in (
-        ClusterSpec(name="DGX A100 (Selene)", gpu=SPECS["A100"], n_gpus=8, domain_size=8,
-                    nvlink_bandwidth=300e9, scaleout_bandwidth=200e9 / 8,
-                    source="Narayanan et al. 2021 sec. 5: 8 A100 80GB per node on NVLink/NVSwitch, "
-                    "eight 200 Gb/s HDR InfiniBand HCAs per node; A100 datasheet: 600 GB/s NVLink"),
-        ClusterSpec(name="DGX H100", gpu=SPECS["H100 SXM"], n_gpus=8, domain_size=8,
-                    nvlink_bandwidth=450e9, scaleout_bandwidth=_IB_400G,
-                    source="DGX H100 datasheet: NVLink 4 900 GB/s per GPU bidirectional; eight "
-                    "single-port ConnectX-7 400 Gb/s for the compute fabric"),
-        ClusterSpec(name="DGX H200", gpu=SPECS["H200"], n_gpus=8, domain_size=8,
-                    nvlink_bandwidth=450e9, scaleout_bandwidth=_IB_400G,
-                    source="DGX BasePOD reference architecture: DGX H200, four OSFP ports serving "
-                    "eight single-port ConnectX-7, up to 400 Gb/s; H200 datasheet: NVLink 900 GB/s"),
-        ClusterSpec(name="DGX B200", gpu=SPECS["B200"], n_gpus=8, domain_size=8,
-                    nvlink_bandwidth=900e9, scaleout_bandwidth=_IB_400G,
-                    source="DGX BasePOD reference architecture: DGX B200, 4 OSFP ports serving 8 "
-                    "single-port ConnectX-7 up to 400 Gb/s; HGX B200 datasheet: NVLink 5 1.8 TB/s"),
-        ClusterSpec(name="GB200 NVL72", gpu=GB200, n_gpus=72, domain_size=72,
-                    nvlink_bandwidth=900e9, scaleout_bandwidth=_IB_400G,
-                    source="GB200 NVL72 specifications: 72 GPUs in one NVLink domain, 130 TB/s; "
-                    "DGX GB200 compute tray: four InfiniBand OSFP ports (ConnectX-7, 400 Gb/s) "
-                    "for its four GPUs"),
+        ClusterSpec(
+            name="DGX A100 (Selene)",
+            gpu=SPECS["A100"],
+            n_gpus=8,
+            domain_size=8,
+            nvlink_bandwidth=300e9,
+            scaleout_bandwidth=200e9 / 8,
+            source="Narayanan et al. 2021 sec. 5: 8 A100 80GB per node on NVLink/NVSwitch, "
+            "eight 200 Gb/s HDR InfiniBand HCAs per node; A100 datasheet: 600 GB/s NVLink",
+        ),
+        ClusterSpec(
+            name="DGX H100",
+            gpu=SPECS["H100 SXM"],
+            n_gpus=8,
+            domain_size=8,
+            nvlink_bandwidth=450e9,
+            scaleout_bandwidth=_IB_400G,
+            source="DGX H100 datasheet: NVLink 4 900 GB/s per GPU bidirectional; eight "
+            "single-port ConnectX-7 400 Gb/s for the compute fabric",
+        ),
+        ClusterSpec(
+            name="DGX H200",
+            gpu=SPECS["H200"],
+            n_gpus=8,
+            domain_size=8,
+            nvlink_bandwidth=450e9,
+            scaleout_bandwidth=_IB_400G,
+            source="DGX BasePOD reference architecture: DGX H200, four OSFP ports serving "
+            "eight single-port ConnectX-7, up to 400 Gb/s; H200 datasheet: NVLink 900 GB/s",
+        ),
+        ClusterSpec(
+            name="DGX B200",
+            gpu=SPECS["B200"],
+            n_gpus=8,
+            domain_size=8,
+            nvlink_bandwidth=900e9,
+            scaleout_bandwidth=_IB_400G,
+            source="DGX BasePOD reference architecture: DGX B200, 4 OSFP ports serving 8 "
+            "single-port ConnectX-7 up to 400 Gb/s; HGX B200 datasheet: NVLink 5 1.8 TB/s",
+        ),
+        ClusterSpec(
+            name="GB200 NVL72",
+            gpu=GB200,
+            n_gpus=72,
+            domain_size=72,
+            nvlink_bandwidth=900e9,
+            scaleout_bandwidth=_IB_400G,
+            source="GB200 NVL72 specifications: 72 GPUs in one NVLink domain, 130 TB/s; "
+            "DGX GB200 compute tray: four InfiniBand OSFP ports (ConnectX-7, 400 Gb/s) "
+            "for its four GPUs",
+        ),
     )
-}  # fmt: skip
+}
 
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("bf16", "fp16", "fp8")
@@ -200,11 +257,15 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         _positive(self, ("tp", "pp", "dp", "micro_batch", "global_batch", "virtual_stages"))
         if self.global_batch % (self.micro_batch * self.dp):
-            raise ValueError(f"global_batch={self.global_batch} is not divisible by micro_batch "
-                             f"x dp = {self.micro_batch} x {self.dp}.")  # fmt: skip
+            raise ValueError(
+                f"global_batch={self.global_batch} is not divisible by micro_batch "
+                f"x dp = {self.micro_batch} x {self.dp}."
+            )
         if self.recompute not in RECOMPUTE or self.dtype not in DTYPES:
-            raise ValueError(f"recompute must be one of {RECOMPUTE} and dtype one of {DTYPES}; "
-                             f"got {self.recompute!r}, {self.dtype!r}.")  # fmt: skip
+            raise ValueError(
+                f"recompute must be one of {RECOMPUTE} and dtype one of {DTYPES}; "
+                f"got {self.recompute!r}, {self.dtype!r}."
+            )
         if self.virtual_stages > 1 and self.pp == 1:
             raise ValueError("virtual_stages > 1 (interleaved schedule) needs pp > 1.")
         if self.grad_bytes not in (2, 4):
@@ -224,14 +285,19 @@ def check_config(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) ->
     if model.heads % par.tp or model.ffn % par.tp:  # type: ignore[operator]
         problems.append(f"tp={par.tp} must divide heads={model.heads} and ffn={model.ffn}")
     if cluster.domain_size % par.tp:
-        problems.append(f"tp={par.tp} must divide the scale-up domain ({cluster.domain_size}); "
-                        "TP across the scale-out network is not modelled")  # fmt: skip
+        problems.append(
+            f"tp={par.tp} must divide the scale-up domain ({cluster.domain_size}); "
+            "TP across the scale-out network is not modelled"
+        )
     if model.layers % (par.pp * par.virtual_stages):
-        problems.append(f"pp x virtual_stages = {par.pp * par.virtual_stages} must divide "
-                        f"layers={model.layers}")  # fmt: skip
+        problems.append(
+            f"pp x virtual_stages = {par.pp * par.virtual_stages} must divide layers={model.layers}"
+        )
     if par.virtual_stages > 1 and par.micro_batches % par.pp:
-        problems.append(f"the interleaved schedule needs micro-batches ({par.micro_batches}) "
-                        f"divisible by pp={par.pp}")  # fmt: skip
+        problems.append(
+            f"the interleaved schedule needs micro-batches ({par.micro_batches}) "
+            f"divisible by pp={par.pp}"
+        )
     if par.sequence_parallel and model.seq % par.tp:
         problems.append(f"sequence parallelism needs tp={par.tp} to divide seq={model.seq}")
     if cluster.gpu.peak(par.dtype) is None:
@@ -335,9 +401,12 @@ def _activation_parts(model: ModelSpec, b: int, tp: int, sp: bool) -> tuple[floa
 
 
 def activation_bytes_per_layer(
-    model: ModelSpec, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
+    model: ModelSpec,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
     recompute: str = "none",
-) -> float:  # fmt: skip
+) -> float:
     """Bytes of activations one layer keeps for the backward (Korthikanti et al. 2022, Table 2):
     s b h (34 + 5 a s / h) without parallelism; s b h (10 + 24/t + 5 a s/(h t)) with TP;
     s b h / t (34 + 5 a s / h) with TP + SP; ``selective`` drops the attention part (34 s b h / t
@@ -381,9 +450,12 @@ def _pp_p2p_time(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) ->
 
 
 def iteration_time(
-    model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, *,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    par: ParallelConfig,
+    *,
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
-) -> Breakdown:  # fmt: skip
+) -> Breakdown:
     """Seconds per iteration on one GPU, by cause. ``compute``: ``training_flops`` at
     ``compute_efficiency`` x peak, spread evenly over the GPUs. ``memory_bound``: the activation
     traffic of LayerNorm, GeLU, softmax and dropout, ``ACTIVATION_PASSES`` x the bytes Korthikanti
@@ -413,8 +485,18 @@ def iteration_time(
         dp = max(0.0, dp - (compute + memory) / m * backward_share)
     shard = _stage_params(model, par) / (par.dp if par.distributed_optimizer else 1)
     optimizer = shard * ADAM_STEP_BYTES / cluster.gpu.hbm_bandwidth
-    return Breakdown({"compute": compute, "memory_bound": memory, "tp_comm": tp, "pp_p2p": p2p,
-                      "pp_bubble": bubble, "dp_comm": dp, "optimizer": optimizer}, "s")  # fmt: skip
+    return Breakdown(
+        {
+            "compute": compute,
+            "memory_bound": memory,
+            "tp_comm": tp,
+            "pp_p2p": p2p,
+            "pp_bubble": bubble,
+            "dp_comm": dp,
+            "optimizer": optimizer,
+        },
+        "s",
+    )
 
 
 def memory_per_gpu(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> Breakdown:
@@ -425,20 +507,28 @@ def memory_per_gpu(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) 
     embedding/logit activations, temporary buffers, the CUDA context and fragmentation."""
     check_config(model, cluster, par)
     params = _stage_params(model, par)
-    per_layer = activation_bytes_per_layer(model, par.micro_batch, par.tp, par.sequence_parallel,
-                                           par.recompute)  # fmt: skip
-    return Breakdown({
-        "weights": 2 * params,
-        "grads": par.grad_bytes * params,
-        "optimizer": 12 * params / (par.dp if par.distributed_optimizer else 1),
-        "activations": per_layer * _layers_in_flight(model, par),
-    }, "B")  # fmt: skip
+    per_layer = activation_bytes_per_layer(
+        model, par.micro_batch, par.tp, par.sequence_parallel, par.recompute
+    )
+    return Breakdown(
+        {
+            "weights": 2 * params,
+            "grads": par.grad_bytes * params,
+            "optimizer": 12 * params / (par.dp if par.distributed_optimizer else 1),
+            "activations": per_layer * _layers_in_flight(model, par),
+        },
+        "B",
+    )
 
 
 def tflops_per_gpu(
-    model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig, *, flops: str = "hardware",
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    par: ParallelConfig,
+    *,
+    flops: str = "hardware",
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
-) -> float:  # fmt: skip
+) -> float:
     """Predicted TFLOP/s per GPU. ``flops="hardware"`` counts the recomputation too (what Table 1
     of Narayanan et al. reports); ``"model"`` does not (the numerator of MFU)."""
     if flops not in ("hardware", "model"):
@@ -465,13 +555,21 @@ class Table1Row:
 # Narayanan et al. 2021 (arXiv 2104.04473v5), Table 1 "Weak-scaling throughput for GPT models
 # ranging from 1 billion to 1 trillion parameters": V = 51,200, s = 2048, A100 80GB on Selene,
 # interleaved schedule with scatter/gather, activation recomputation (sec. 5.1).
-MEGATRON_2021_TABLE1: tuple[Table1Row, ...] = tuple(Table1Row(*r) for r in (
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
-))  # fmt: skip
+MEGATRON_2021_TABLE1: tuple[Table1Row, ...] = tuple(
+    Table1Row(*r)
+    for r in (
+        (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+        (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+        (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+        (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+        (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+        (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+        (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+        (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+        (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+        (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    )
+)
 CALIBRATION_ROWS = (0, 2, 4, 6, 8)  # every other row; rows 1, 3, 5, 7, 9 are held out
 A100_COMPUTE_EFFICIENCY = 0.6116  # calibrate_compute_efficiency(), rounded; a test recomputes it
 
@@ -480,11 +578,25 @@ def _table1_setup(row: Table1Row) -> tuple[ModelSpec, ClusterSpec, ParallelConfi
     """Assumptions beyond the table: micro-batch 1 (as in the paper's Table 2 PTD-P runs), 16-bit
     gradients all-reduced after the backward (Megatron 2021 did not overlap them) and v = 1: the
     paper used the interleaved schedule but does not say with how many chunks."""
-    model = ModelSpec(layers=row.layers, hidden=row.hidden, heads=row.heads, vocab=51200,
-                      seq=2048, name=f"{row.params_b}B")  # fmt: skip
+    model = ModelSpec(
+        layers=row.layers,
+        hidden=row.hidden,
+        heads=row.heads,
+        vocab=51200,
+        seq=2048,
+        name=f"{row.params_b}B",
+    )
     dp = row.gpus // (row.tp * row.pp)
-    par = ParallelConfig(tp=row.tp, pp=row.pp, dp=dp, micro_batch=1, global_batch=row.batch,
-                         recompute="full", dtype="fp16", grad_bytes=2)  # fmt: skip
+    par = ParallelConfig(
+        tp=row.tp,
+        pp=row.pp,
+        dp=dp,
+        micro_batch=1,
+        global_batch=row.batch,
+        recompute="full",
+        dtype="fp16",
+        grad_bytes=2,
+    )
     return model, CLUSTERS["DGX A100 (Selene)"].with_gpus(row.gpus), par
 
 
@@ -530,7 +642,15 @@ def validation_table(compute_efficiency: float = A100_COMPUTE_EFFICIENCY) -> lis
         model, cluster, par = _table1_setup(row)
         time = iteration_time(model, cluster, par, compute_efficiency=compute_efficiency)
         predicted = tflops_per_gpu(model, cluster, par, compute_efficiency=compute_efficiency)
-        table.append({**dataclasses.asdict(row), "dp": par.dp, "micro_batches": par.micro_batches,
-                      "predicted_tflops": predicted, "error": predicted / row.tflops - 1,
-                      "calibration": i in CALIBRATION_ROWS, "fractions": time.fractions()})  # fmt: skip
+        table.append(
+            {
+                **dataclasses.asdict(row),
+                "dp": par.dp,
+                "micro_batches": par.micro_batches,
+                "predicted_tflops": predicted,
+                "error": predicted / row.tflops - 1,
+                "calibration": i in CALIBRATION_ROWS,
+                "fractions": time.fractions(),
+            }
+        )
     return table

@@ -42,33 +42,59 @@ def explore_job(n_gpus: int, domain_size: int, tp: int, pp: int = 8, local_batch
     """``Job.paper()`` scaled to ``n_gpus`` GPUs in domains of ``domain_size`` at base TP ``tp``.
 
     Raises ``ValueError`` with the reason for a layout that cannot exist."""
-    for name, value in (("n_gpus", n_gpus), ("domain_size", domain_size), ("tp", tp),
-                        ("pp", pp), ("local_batch", local_batch)):  # fmt: skip
+    for name, value in (
+        ("n_gpus", n_gpus),
+        ("domain_size", domain_size),
+        ("tp", tp),
+        ("pp", pp),
+        ("local_batch", local_batch),
+    ):
         if isinstance(value, bool) or int(value) != value or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     if tp < 2:
         raise ValueError("tp must be at least 2: at TP 1 there is no degree to reduce to.")
     if domain_size % tp:
-        raise ValueError(f"TP {tp} does not divide the scale-up domain of {domain_size} GPUs: "
-                         "a TP group must live inside one domain.")  # fmt: skip
+        raise ValueError(
+            f"TP {tp} does not divide the scale-up domain of {domain_size} GPUs: "
+            "a TP group must live inside one domain."
+        )
     if n_gpus % domain_size:
         raise ValueError(f"{n_gpus} GPUs do not make whole domains of {domain_size}.")
     if n_gpus % (tp * pp):
-        raise ValueError(f"{n_gpus} GPUs do not split into replicas of TP {tp} x PP {pp} "
-                         f"= {tp * pp} GPUs.")  # fmt: skip
+        raise ValueError(
+            f"{n_gpus} GPUs do not split into replicas of TP {tp} x PP {pp} = {tp * pp} GPUs."
+        )
     dp = n_gpus // (tp * pp)
-    cluster = dataclasses.replace(PAPER_CLUSTER, name=f"{n_gpus} GPUs, domains of {domain_size}",
-                                  n_gpus=n_gpus, domain_size=domain_size)  # fmt: skip
-    par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch=1, global_batch=local_batch * dp,
-                         sequence_parallel=True, recompute="selective", overlap_dp_comm=True,
-                         distributed_optimizer=True)  # fmt: skip
+    cluster = dataclasses.replace(
+        PAPER_CLUSTER,
+        name=f"{n_gpus} GPUs, domains of {domain_size}",
+        n_gpus=n_gpus,
+        domain_size=domain_size,
+    )
+    par = ParallelConfig(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        micro_batch=1,
+        global_batch=local_batch * dp,
+        sequence_parallel=True,
+        recompute="selective",
+        overlap_dp_comm=True,
+        distributed_optimizer=True,
+    )
     return Job(model=PAPER_MODEL, cluster=cluster, par=par, reduced_tps=_reduced_degrees(tp))
 
 
 def explore_plan(
-    n_gpus: int = 32768, domain_size: int = 32, tp: int = 32, failed_fraction: float = 0.001,
-    policy: str = "ntp-pw", seed: int = 0, pp: int = 8, samples: int = 4,
-) -> tuple[dict[str, Any], Figure]:  # fmt: skip
+    n_gpus: int = 32768,
+    domain_size: int = 32,
+    tp: int = 32,
+    failed_fraction: float = 0.001,
+    policy: str = "ntp-pw",
+    seed: int = 0,
+    pp: int = 8,
+    samples: int = 4,
+) -> tuple[dict[str, Any], Figure]:
     """Plan ``explore_job(n_gpus, domain_size, tp, pp)`` after ``failed_fraction`` of its GPUs
     fail (uniformly at random, ``seed``) under ``policy``.
 
@@ -89,16 +115,28 @@ def explore_plan(
     p = plan(job, failed, policy)
     degraded = [r for r in p.replicas if r.failed or r.tp != tp]
     summary = {
-        "gpus": n_gpus, "domain_size": domain_size, "tp": tp, "pp": pp, "dp": job.par.dp,
-        "reduced_tps": job.degrees, "failed_gpus": len(failed), "policy": policy,
-        "chosen": p.chosen, "replicas": len(p.replicas), "degraded_replicas": len(degraded),
-        "degrees": sorted({r.tp for r in p.replicas}), "global_batch": p.global_batch,
-        "healthy_global_batch": p.healthy_global_batch, "relative_throughput": p.throughput,
+        "gpus": n_gpus,
+        "domain_size": domain_size,
+        "tp": tp,
+        "pp": pp,
+        "dp": job.par.dp,
+        "reduced_tps": job.degrees,
+        "failed_gpus": len(failed),
+        "policy": policy,
+        "chosen": p.chosen,
+        "replicas": len(p.replicas),
+        "degraded_replicas": len(degraded),
+        "degrees": sorted({r.tp for r in p.replicas}),
+        "global_batch": p.global_batch,
+        "healthy_global_batch": p.healthy_global_batch,
+        "relative_throughput": p.throughput,
         "max_power": max((r.power for r in p.replicas), default=1.0),
-        "step_time_s": p.step_time, "healthy_step_time_s": p.healthy_step_time,
-        "idle_slots": len(p.idle_slots), "dead_slots": len(p.dead_slots),
+        "step_time_s": p.step_time,
+        "healthy_step_time_s": p.healthy_step_time,
+        "idle_slots": len(p.idle_slots),
+        "dead_slots": len(p.dead_slots),
         "describe": p.describe(),
-    }  # fmt: skip
+    }
     return summary, _plot(job, p, summary, failed_fraction, seed, samples)
 
 
@@ -108,37 +146,64 @@ def _plot(job: Job, p: Any, s: dict[str, Any], frac: float, seed: int, samples: 
     curves = throughput_samples(job, fractions, samples, seed)
     for i, (name, thr) in enumerate(curves.items()):
         ax.plot(100 * fractions, thr.mean(axis=1), "o-", ms=3, color=f"C{i}", label=name)
-    ax.plot(100 * frac, s["relative_throughput"], "*", ms=14, color="k",
-            label=f"this plan ({s['policy']})")  # fmt: skip
-    ax.set(xlabel="failed GPUs (% of the cluster)", ylabel="throughput / healthy job",
-           title=f"{s['gpus']:,} GPUs, domains of {s['domain_size']}, TP {s['tp']} (model)")  # fmt: skip
+    ax.plot(
+        100 * frac,
+        s["relative_throughput"],
+        "*",
+        ms=14,
+        color="k",
+        label=f"this plan ({s['policy']})",
+    )
+    ax.set(
+        xlabel="failed GPUs (% of the cluster)",
+        ylabel="throughput / healthy job",
+        title=f"{s['gpus']:,} GPUs, domains of {s['domain_size']}, TP {s['tp']} (model)",
+    )
     ax.legend(fontsize=8)
     base = sum(r.tp == s["tp"] and not r.failed for r in p.replicas)
-    counts = {"healthy replicas": base * job.par.pp,
-              "degraded replicas": (len(p.replicas) - base) * job.par.pp,
-              "idle (unused)": s["idle_slots"], "dead": s["dead_slots"]}  # fmt: skip
+    counts = {
+        "healthy replicas": base * job.par.pp,
+        "degraded replicas": (len(p.replicas) - base) * job.par.pp,
+        "idle (unused)": s["idle_slots"],
+        "dead": s["dead_slots"],
+    }
     bars = bx.barh(
         list(counts), list(counts.values()), color=["tab:green", "tab:orange", "0.6", "tab:red"]
     )
     bx.bar_label(bars, fontsize=8)
     bx.invert_yaxis()
     bx.set_xlim(0, 1.15 * max(max(counts.values()), 1))
-    bx.set(xlabel=f"TP groups of {s['tp']} GPUs", title=f"Where the TP groups go "
-           f"(power up to {s['max_power']:.2f}x TDP)")  # fmt: skip
+    bx.set(
+        xlabel=f"TP groups of {s['tp']} GPUs",
+        title=f"Where the TP groups go (power up to {s['max_power']:.2f}x TDP)",
+    )
     fig.tight_layout()
     return fig
 
 
 def summary_html(summary: dict[str, Any]) -> str:
     """The summary of ``explore_plan`` as a small HTML table (the explorer's text output)."""
-    keys = ("dp", "reduced_tps", "failed_gpus", "chosen", "replicas", "degraded_replicas",
-            "degrees", "global_batch", "relative_throughput", "max_power", "step_time_s")  # fmt: skip
+    keys = (
+        "dp",
+        "reduced_tps",
+        "failed_gpus",
+        "chosen",
+        "replicas",
+        "degraded_replicas",
+        "degrees",
+        "global_batch",
+        "relative_throughput",
+        "max_power",
+        "step_time_s",
+    )
     rows = []
     for k in keys:
         v = summary[k]
         text = f"{v:.4f}" if isinstance(v, float) else str(v)
-        rows.append(f"<tr><td style='padding:1px 8px'>{k}</td><td style='padding:1px 8px;"
-                    f"font-family:monospace'>{html.escape(text)}</td></tr>")  # fmt: skip
+        rows.append(
+            f"<tr><td style='padding:1px 8px'>{k}</td><td style='padding:1px 8px;"
+            f"font-family:monospace'>{html.escape(text)}</td></tr>"
+        )
     return f"<table>{''.join(rows)}</table>"
 
 
@@ -150,9 +215,12 @@ def _figure_html(fig: Figure) -> str:
 
 
 def plan_explorer(
-    n_gpus: int = 32768, domain_size: int = 32, tp: int = 32, failed_fraction: float = 0.001,
+    n_gpus: int = 32768,
+    domain_size: int = 32,
+    tp: int = 32,
+    failed_fraction: float = 0.001,
     policy: str = "ntp-pw",
-) -> Any:  # fmt: skip
+) -> Any:
     """A ``VBox`` of controls (cluster size, domain size, TP, failed fraction, policy) over an
     ``HTML`` output with the summary table and the figure of ``explore_plan``. The output is
     drawn before this returns, so a page built from saved widget state shows it; an impossible
@@ -160,14 +228,22 @@ def plan_explorer(
     try:
         import ipywidgets as w
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("plan_explorer needs ipywidgets: pip install 'tutorial_lib[book]'. "
-                          "explore_plan gives the same numbers without it.") from err  # fmt: skip
-    gpus = w.Dropdown(options=[1024, 4096, 16384, 32768, 65536], value=n_gpus,
-                      description="GPUs")  # fmt: skip
+        raise ImportError(
+            "plan_explorer needs ipywidgets: pip install 'tutorial_lib[book]'. "
+            "explore_plan gives the same numbers without it."
+        ) from err
+    gpus = w.Dropdown(options=[1024, 4096, 16384, 32768, 65536], value=n_gpus, description="GPUs")
     domain = w.Dropdown(options=[8, 16, 32, 64, 72], value=domain_size, description="domain")
     tp_w = w.Dropdown(options=[4, 8, 16, 32, 64, 72], value=tp, description="TP")
-    frac = w.FloatSlider(value=failed_fraction, min=0.0, max=0.01, step=0.0005,
-                         readout_format=".4f", description="failed", continuous_update=False)  # fmt: skip
+    frac = w.FloatSlider(
+        value=failed_fraction,
+        min=0.0,
+        max=0.01,
+        step=0.0005,
+        readout_format=".4f",
+        description="failed",
+        continuous_update=False,
+    )
     pol = w.ToggleButtons(options=list(POLICIES), value=policy, description="policy")
     out = w.HTML()
 

@@ -26,11 +26,24 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["Recovery", "FailureModel", "FailureTrace", "simulate_trace", "fraction_of_time_above",
-           "random_failures", "failed_per_domain", "failed_per_replica", "replica_availability",
-           "expected_replica_availability", "RECOVERY_DISTS", "LLAMA3_INTERRUPTIONS",
-           "LLAMA3_DAYS", "LLAMA3_GPUS", "LLAMA3_HARDWARE_FRACTION",
-           "LLAMA3_RATE_PER_GPU_HOUR"]  # fmt: skip
+__all__ = [
+    "Recovery",
+    "FailureModel",
+    "FailureTrace",
+    "simulate_trace",
+    "fraction_of_time_above",
+    "random_failures",
+    "failed_per_domain",
+    "failed_per_replica",
+    "replica_availability",
+    "expected_replica_availability",
+    "RECOVERY_DISTS",
+    "LLAMA3_INTERRUPTIONS",
+    "LLAMA3_DAYS",
+    "LLAMA3_GPUS",
+    "LLAMA3_HARDWARE_FRACTION",
+    "LLAMA3_RATE_PER_GPU_HOUR",
+]
 
 # Llama 3 405B pre-training (arXiv 2407.21783, section 3.3.4, Table 5): in a 54-day snapshot on
 # 16,384 H100s there were 466 job interruptions, 47 planned and 419 unexpected; about 78% of the
@@ -286,9 +299,14 @@ def simulate_trace(
     keep = _drop_while_down(gpu, start, end) & (end > 0)  # burn-in failures over before 0 go
     order = np.argsort(start[keep], kind="stable")
     return FailureTrace(
-        n_gpus=n_gpus, hours=hours, step_hours=float(step_hours), gpu=gpu[keep][order],
-        start=start[keep][order], end=end[keep][order], hardware=hardware[keep][order],
-    )  # fmt: skip
+        n_gpus=n_gpus,
+        hours=hours,
+        step_hours=float(step_hours),
+        gpu=gpu[keep][order],
+        start=start[keep][order],
+        end=end[keep][order],
+        hardware=hardware[keep][order],
+    )
 
 
 def fraction_of_time_above(trace: FailureTrace, threshold: float) -> float:
@@ -332,8 +350,9 @@ def _failed_indices(failed: np.ndarray, n_gpus: int) -> np.ndarray:
 
 def _check_domains(n_gpus: int, domain_size: int) -> int:
     if domain_size < 1 or n_gpus < 1 or n_gpus % domain_size:
-        raise ValueError(f"n_gpus ({n_gpus}) must be a positive multiple of domain_size "
-                         f"({domain_size}).")  # fmt: skip
+        raise ValueError(
+            f"n_gpus ({n_gpus}) must be a positive multiple of domain_size ({domain_size})."
+        )
     return n_gpus // domain_size
 
 
@@ -365,8 +384,10 @@ def failed_per_replica(
     per_domain, per_replica = domain_size // tp, gpus_per_replica // tp
     n_groups = n_domains * per_domain
     if n_groups % per_replica:
-        raise ValueError(f"{n_groups} TP groups of {tp} do not split into replicas of "
-                         f"{per_replica} groups ({gpus_per_replica} GPUs).")  # fmt: skip
+        raise ValueError(
+            f"{n_groups} TP groups of {tp} do not split into replicas of "
+            f"{per_replica} groups ({gpus_per_replica} GPUs)."
+        )
     idx = _failed_indices(failed, n_gpus)
     domain, offset = np.divmod(idx, domain_size)
     used = offset < per_domain * tp  # failures on a domain's spare GPUs hit no replica
@@ -395,7 +416,9 @@ def expected_replica_availability(n_gpus: int, gpus_per_replica: int, n_failed: 
     ``p = F / n``, the binomial answer for GPUs failing independently with probability p."""
     k, n, f = gpus_per_replica, n_gpus, n_failed
     if not (1 <= k <= n and 0 <= f <= n):
-        raise ValueError(f"need 1 <= gpus_per_replica <= n_gpus and 0 <= n_failed <= n_gpus, "
-                         f"got k={k}, n={n}, F={f}.")  # fmt: skip
+        raise ValueError(
+            f"need 1 <= gpus_per_replica <= n_gpus and 0 <= n_failed <= n_gpus, "
+            f"got k={k}, n={n}, F={f}."
+        )
     j = np.arange(k, dtype=np.float64)
     return float(np.prod(np.clip((n - f - j) / (n - j), 0.0, None)))

@@ -72,8 +72,16 @@ def _loopback_interface() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, backend: str,
-              out_dir: str, args: tuple[Any, ...], timeout_s: float) -> None:  # fmt: skip
+def _run_rank(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    out_dir: str,
+    args: tuple[Any, ...],
+    timeout_s: float,
+) -> None:
     """One spawned process: join the group, run ``fn``, write the result (or the traceback)."""
     torch.set_num_threads(1)  # a few cores shared by all ranks: no intra-op threads
     loopback = _loopback_interface()
@@ -82,9 +90,12 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, bac
     failed_at = time.time()
     try:
         dist.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
-        )  # fmt: skip
+        )
         try:
             payload = {"ok": True, "result": fn(rank, world_size, *args)}
         except BaseException:
@@ -114,8 +125,13 @@ def _check_picklable(fn: Callable[..., Any]) -> None:
     pickle.dumps(fn)
 
 
-def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-          timeout_s: float = 120.0) -> list[Any]:  # fmt: skip
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; their results by rank.
 
     Each process joins one process group (``backend``, over a free port on 127.0.0.1) with one
@@ -130,10 +146,14 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
     with tempfile.TemporaryDirectory(prefix="tutorial_lib_spawn_") as tmp:
         port = free_port()
         procs = [
-            ctx.Process(target=_run_rank, name=f"rank{r}", daemon=True,
-                        args=(fn, r, world_size, port, backend, tmp, args, timeout_s))
+            ctx.Process(
+                target=_run_rank,
+                name=f"rank{r}",
+                daemon=True,
+                args=(fn, r, world_size, port, backend, tmp, args, timeout_s),
+            )
             for r in range(world_size)
-        ]  # fmt: skip
+        ]
         for p in procs:
             p.start()
         try:
@@ -178,15 +198,19 @@ def _collect(procs: list[Any], out: Path, unfinished: list[int], timeout_s: floa
         if path.exists():
             payloads[r] = torch.load(path, weights_only=False)
         elif r not in unfinished:
-            payloads[r] = {"ok": False, "error": f"exited with code {p.exitcode}, no result\n",
-                           "time": float("inf")}  # fmt: skip
+            payloads[r] = {
+                "ok": False,
+                "error": f"exited with code {p.exitcode}, no result\n",
+                "time": float("inf"),
+            }
     # The first rank to fail is the cause; the others usually failed because it left.
     errors = sorted((pl["time"], r) for r, pl in payloads.items() if not pl["ok"])
     if errors:
         first = errors[0][1]
         others = [r for _, r in errors[1:]]
         note = (f" first; later failures on ranks {others}" if others else "") + (
-            f"; stopped ranks {unfinished}" if unfinished else "")  # fmt: skip
+            f"; stopped ranks {unfinished}" if unfinished else ""
+        )
         raise SpawnError(first, payloads[first]["error"], note)
     if unfinished:
         raise TimeoutError(
@@ -251,9 +275,16 @@ class TPTrainer(Trainer):
     The optimizer state stays sharded and is not saved, so a TP run cannot be resumed yet.
     """
 
-    def __init__(self, model: GPT, data: TokenData, cfg: TrainConfig, group: Group,
-                 shard_map: ShardMap, device: torch.device | str | None = None,
-                 out_dir: str | Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: GPT,
+        data: TokenData,
+        cfg: TrainConfig,
+        group: Group,
+        shard_map: ShardMap,
+        device: torch.device | str | None = None,
+        out_dir: str | Path | None = None,
+    ) -> None:
         if cfg.fused or cfg.compile:
             raise ValueError("Tensor parallelism does not combine with fused or compile yet.")
         self.group, self.shard_map, self.tp_rank = group, shard_map, group_rank(group)
@@ -275,8 +306,11 @@ class TPTrainer(Trainer):
         state = super().state_dict()
         state["model"] = gather_full_state_dict(self.model, self.group, self.shard_map)
         state["optimizer"] = None  # sharded across ranks; not gathered
-        state["tensor_parallel"] = {"tp": self.shard_map.tp, "heads": self.shard_map.heads,
-                                    "ffn": self.shard_map.ffn}  # fmt: skip
+        state["tensor_parallel"] = {
+            "tp": self.shard_map.tp,
+            "heads": self.shard_map.heads,
+            "ffn": self.shard_map.ffn,
+        }
         return state
 
     def save(self, path: str | Path) -> Path:
@@ -293,9 +327,14 @@ class TPTrainer(Trainer):
         )
 
 
-def tensor_parallel_trainer(model: GPT, data: TokenData, cfg: TrainConfig, tp: int,
-                            device: str | None = None,
-                            out_dir: str | Path | None = None) -> TPTrainer:  # fmt: skip
+def tensor_parallel_trainer(
+    model: GPT,
+    data: TokenData,
+    cfg: TrainConfig,
+    tp: int,
+    device: str | None = None,
+    out_dir: str | Path | None = None,
+) -> TPTrainer:
     """Under torchrun with ``tp`` processes: join the group, shard ``model`` evenly, and return
     this rank's ``TPTrainer``. Every rank must build ``model`` and ``data`` with the same seed."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -310,5 +349,6 @@ def tensor_parallel_trainer(model: GPT, data: TokenData, cfg: TrainConfig, tp: i
     shard_map = ShardMap.even(model.config, tp)
     group = dist.group.WORLD
     tp_model = parallelize(model, group, shard_map)
-    return TPTrainer(tp_model, data, cfg, group, shard_map, device=device or env.device,
-                     out_dir=out_dir)  # fmt: skip
+    return TPTrainer(
+        tp_model, data, cfg, group, shard_map, device=device or env.device, out_dir=out_dir
+    )

@@ -41,10 +41,23 @@ from torch import nn
 from ..config import GPTConfig
 from .shard import ShardMap, UnitSpec, join_units, split_by_unit, unit_specs
 
-__all__ = ["ReplicaPlan", "NTPPlan", "plan_ntp", "degraded_shard_map", "Route", "reshard_routes",
-           "BATCH_POLICIES", "local_batch", "token_weights", "NTPRank", "build_ntp_groups",
-           "sharded_parameters", "reshard_to_core", "reshard_from_core",
-           "ntp_allreduce_grads"]  # fmt: skip
+__all__ = [
+    "ReplicaPlan",
+    "NTPPlan",
+    "plan_ntp",
+    "degraded_shard_map",
+    "Route",
+    "reshard_routes",
+    "BATCH_POLICIES",
+    "local_batch",
+    "token_weights",
+    "NTPRank",
+    "build_ntp_groups",
+    "sharded_parameters",
+    "reshard_to_core",
+    "reshard_from_core",
+    "ntp_allreduce_grads",
+]
 
 AXES = ("heads", "ffn")
 BATCH_POLICIES = ("keep", "scale")
@@ -332,9 +345,12 @@ def _exchange(me: NTPRank, sends: dict[int, torch.Tensor], recvs: dict[int, torc
 
 def _send(me: NTPRank, sharded: list, peers: dict[int, Units], pieces: Pieces) -> None:
     """One flat message per peer: every sharded parameter's pieces for that peer's units."""
-    flat = {q: torch.cat([pieces[n][u].reshape(-1) for n, _, s in sharded
-                          for u in units.get(s.axis, ())])
-            for q, units in peers.items()}  # fmt: skip
+    flat = {
+        q: torch.cat(
+            [pieces[n][u].reshape(-1) for n, _, s in sharded for u in units.get(s.axis, ())]
+        )
+        for q, units in peers.items()
+    }
     _exchange(me, flat, {})
 
 
@@ -363,14 +379,16 @@ def reshard_to_core(model: nn.Module, me: NTPRank) -> dict[str, torch.Tensor]:
     rank returns, per sharded parameter, a gradient laid out like degraded rank ``tp_rank``'s.
     """
     sharded, peers = sharded_parameters(model), _peers(me)
-    mine = {n: split_by_unit(p.grad, s, _units(me.healthy_map, s, me.tp_rank))
-            for n, p, s in sharded}  # fmt: skip
+    mine = {
+        n: split_by_unit(p.grad, s, _units(me.healthy_map, s, me.tp_rank)) for n, p, s in sharded
+    }
     if me.is_extra:
         _send(me, sharded, peers, mine)
         return {}
     _receive(me, sharded, peers, mine)
-    return {n: join_units(mine[n], s, _units(me.degraded_map, s, me.tp_rank))
-            for n, _, s in sharded}  # fmt: skip
+    return {
+        n: join_units(mine[n], s, _units(me.degraded_map, s, me.tp_rank)) for n, _, s in sharded
+    }
 
 
 def reshard_from_core(model: nn.Module, reduced: Mapping[str, torch.Tensor], me: NTPRank) -> None:
@@ -381,8 +399,10 @@ def reshard_from_core(model: nn.Module, reduced: Mapping[str, torch.Tensor], me:
         pieces: Pieces = {n: {} for n, _, _ in sharded}
         _receive(me, sharded, peers, pieces)
     else:
-        pieces = {n: split_by_unit(reduced[n], s, _units(me.degraded_map, s, me.tp_rank))
-                  for n, _, s in sharded}  # fmt: skip
+        pieces = {
+            n: split_by_unit(reduced[n], s, _units(me.degraded_map, s, me.tp_rank))
+            for n, _, s in sharded
+        }
         _send(me, sharded, peers, pieces)
     for name, p, spec in sharded:
         p.grad.copy_(join_units(pieces[name], spec, _units(me.healthy_map, spec, me.tp_rank)))

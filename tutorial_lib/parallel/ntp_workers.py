@@ -48,9 +48,16 @@ def _optimizer(params: Any, lr: float, momentum: float) -> torch.optim.Optimizer
     return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
 
-def train_reference(cfg: GPTConfig, batches: Sequence[int], steps: int, *, seed: int = 0,
-                    lr: float = 0.5, momentum: float = 0.9,
-                    weights: Sequence[float] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+def train_reference(
+    cfg: GPTConfig,
+    batches: Sequence[int],
+    steps: int,
+    *,
+    seed: int = 0,
+    lr: float = 0.5,
+    momentum: float = 0.9,
+    weights: Sequence[float] | None = None,
+) -> dict[str, torch.Tensor]:
     """The full model trained in one process on the global batch; its final state dict.
 
     ``weights=None`` minimises the mean loss over all tokens. Otherwise the loss is
@@ -73,8 +80,15 @@ def train_reference(cfg: GPTConfig, batches: Sequence[int], steps: int, *, seed:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _train_replica(cfg: GPTConfig, me: NTPRank, batches: Sequence[int], steps: int, seed: int,
-                   lr: float, momentum: float) -> dict[str, Any]:  # fmt: skip
+def _train_replica(
+    cfg: GPTConfig,
+    me: NTPRank,
+    batches: Sequence[int],
+    steps: int,
+    seed: int,
+    lr: float,
+    momentum: float,
+) -> dict[str, Any]:
     """This rank's part of ``steps`` NTP steps; the gathered full state and last gradients."""
     torch.manual_seed(seed)
     model = parallelize(GPT(cfg), me.tp_group, me.shard_map, rank=me.tp_rank)
@@ -94,10 +108,20 @@ def _train_replica(cfg: GPTConfig, me: NTPRank, batches: Sequence[int], steps: i
     return {"state": full if me.tp_rank == 0 else None, "replicated_grads": replicated}
 
 
-def ntp_train_worker(rank: int, world_size: int, cfg: GPTConfig, base_tp: int, n_replicas: int,
-                     failed: Mapping[int, Sequence[int]], batch: int, steps: int,
-                     policies: Sequence[str] = ("keep", "scale"), seed: int = 0, lr: float = 0.5,
-                     momentum: float = 0.9) -> dict[str, Any]:  # fmt: skip
+def ntp_train_worker(
+    rank: int,
+    world_size: int,
+    cfg: GPTConfig,
+    base_tp: int,
+    n_replicas: int,
+    failed: Mapping[int, Sequence[int]],
+    batch: int,
+    steps: int,
+    policies: Sequence[str] = ("keep", "scale"),
+    seed: int = 0,
+    lr: float = 0.5,
+    momentum: float = 0.9,
+) -> dict[str, Any]:
     """One process of an NTP job, for ``launch.spawn(ntp_train_worker, plan.world_size, cfg,
     ...)``: one process per active GPU of ``plan_ntp(base_tp, n_replicas, failed)``. Trains ``steps`` steps per batch
     policy, from the same initial model each time, and returns per policy the local batches,

@@ -105,11 +105,25 @@ from .failures import (
     simulate_trace,
 )
 
-__all__ = ["POLICIES", "PowerBoost", "Job", "ReplicaAssignment", "Plan", "slot_failures",
-           "plan", "relative_throughput", "throughput_samples", "availability_samples",
-           "SpareResult", "spare_domains",
-           "PAPER_CLUSTER", "PAPER_MODEL", "PAPER_REPORTED", "ntp_reproduce",
-           "format_report"]  # fmt: skip
+__all__ = [
+    "POLICIES",
+    "PowerBoost",
+    "Job",
+    "ReplicaAssignment",
+    "Plan",
+    "slot_failures",
+    "plan",
+    "relative_throughput",
+    "throughput_samples",
+    "availability_samples",
+    "SpareResult",
+    "spare_domains",
+    "PAPER_CLUSTER",
+    "PAPER_MODEL",
+    "PAPER_REPORTED",
+    "ntp_reproduce",
+    "format_report",
+]
 
 POLICIES = ("dp-drop", "ntp", "ntp-pw")
 SHORTFALLS = ("shrink", "stretch")
@@ -181,15 +195,19 @@ class Job:
     def __post_init__(self) -> None:
         c, p, t = self.cluster, self.par, self.par.tp
         if c.domain_size % t:
-            raise ValueError(f"The base TP degree {t} does not divide the scale-up domain "
-                             f"({c.domain_size} GPUs): a TP group must live in one domain.")  # fmt: skip
+            raise ValueError(
+                f"The base TP degree {t} does not divide the scale-up domain "
+                f"({c.domain_size} GPUs): a TP group must live in one domain."
+            )
         if c.n_gpus % c.domain_size:
             raise ValueError(f"n_gpus={c.n_gpus} is not a multiple of domain_size={c.domain_size}.")
         if t * p.pp * p.dp != c.n_gpus:
             raise ValueError(f"tp x pp x dp = {t * p.pp * p.dp} != n_gpus={c.n_gpus}.")
         if p.pp > self.model.layers or p.virtual_stages != 1:
-            raise ValueError("Need pp <= layers and virtual_stages == 1 (the interleaved schedule "
-                             "needs micro-batches divisible by pp, which a shrunk batch breaks).")  # fmt: skip
+            raise ValueError(
+                "Need pp <= layers and virtual_stages == 1 (the interleaved schedule "
+                "needs micro-batches divisible by pp, which a shrunk batch breaks)."
+            )
         if c.gpu.peak(p.dtype) is None:
             raise ValueError(f"{c.gpu.name} has no {p.dtype} peak.")
         if not 0 < self.compute_efficiency <= 1:
@@ -210,9 +228,17 @@ class Job:
         (here PP 8, micro-batch 1), degraded replicas at TP 30 or 28. Assumed (the paper does not
         say): BF16, sequence parallelism, selective recomputation, overlapped DP all-reduce,
         distributed optimizer, vocabulary 51,200."""
-        par = ParallelConfig(tp=32, pp=8, dp=128, micro_batch=1, global_batch=1024,
-                             sequence_parallel=True, recompute="selective",
-                             overlap_dp_comm=True, distributed_optimizer=True)  # fmt: skip
+        par = ParallelConfig(
+            tp=32,
+            pp=8,
+            dp=128,
+            micro_batch=1,
+            global_batch=1024,
+            sequence_parallel=True,
+            recompute="selective",
+            overlap_dp_comm=True,
+            distributed_optimizer=True,
+        )
         args = {"model": PAPER_MODEL, "cluster": PAPER_CLUSTER, "par": par, "reduced_tps": (30, 28)}
         return cls(**{**args, **kwargs})  # type: ignore[arg-type]
 
@@ -255,10 +281,12 @@ class Job:
         attention *= math.ceil(m.heads / tp) * tp / m.heads
         redo = {"none": 0.0, "selective": attention, "full": other + attention}[par.recompute]
         traffic = ACTIVATION_PASSES * (other + attention) + redo
-        return {"compute": compute / speed,
-                "memory_bound": layers * traffic / self.cluster.gpu.hbm_bandwidth / speed,
-                "tp_comm": layers * _tp_layer_time(m, self.cluster, par) / speed,
-                "pp_p2p": _pp_p2p_time(m, self.cluster, par)}  # fmt: skip
+        return {
+            "compute": compute / speed,
+            "memory_bound": layers * traffic / self.cluster.gpu.hbm_bandwidth / speed,
+            "tp_comm": layers * _tp_layer_time(m, self.cluster, par) / speed,
+            "pp_p2p": _pp_p2p_time(m, self.cluster, par),
+        }
 
     @_memo
     def _fixed(self, tp: int, core: int) -> float:
@@ -286,9 +314,13 @@ class Job:
         return time
 
     def replica_time(
-        self, tp: int, batch: int, speed: float = 1.0, core: int | None = None,
+        self,
+        tp: int,
+        batch: int,
+        speed: float = 1.0,
+        core: int | None = None,
         replicas: int | None = None,
-    ) -> Breakdown:  # fmt: skip
+    ) -> Breakdown:
         """Seconds per step of one replica at TP ``tp`` with local ``batch`` sequences, boosted
         ``speed`` times, in a job pairing at ``core`` ranks with ``replicas`` replicas
         (defaults: the healthy job). At the healthy configuration this is
@@ -296,9 +328,11 @@ class Job:
         core = self.par.tp if core is None else core
         replicas = self.par.dp if replicas is None else replicas
         if not 1 <= core <= tp <= self.par.tp or batch < 1 or batch % self.par.micro_batch:
-            raise ValueError(f"Need 1 <= core <= tp <= {self.par.tp} and a batch that is a "
-                             f"positive multiple of {self.par.micro_batch}; got {core}, {tp}, "
-                             f"{batch}.")  # fmt: skip
+            raise ValueError(
+                f"Need 1 <= core <= tp <= {self.par.tp} and a batch that is a "
+                f"positive multiple of {self.par.micro_batch}; got {core}, {tp}, "
+                f"{batch}."
+            )
         m = batch // self.par.micro_batch
         x = self._per_microbatch(tp, speed)
         parts = {k: m * v for k, v in x.items()}
@@ -370,15 +404,22 @@ class _Tables(dict):
     def __missing__(self, key: tuple[int, str]) -> dict[str, np.ndarray]:
         job, (core, policy) = self.job, key
         t = job.base_tp
-        out = {"tp": np.zeros(t + 1, np.int64), "batch": np.zeros(t + 1, np.int64),
-               "speed": np.ones(t + 1), "time": np.zeros(t + 1)}  # fmt: skip
+        out = {
+            "tp": np.zeros(t + 1, np.int64),
+            "batch": np.zeros(t + 1, np.int64),
+            "speed": np.ones(t + 1),
+            "time": np.zeros(t + 1),
+        }
         out["tp"][0], out["batch"][0], out["time"][0] = t, job.local_batch, job._pace(core)
         choices = [core] if job.one_reduced_tp else [d for d in job.degrees if d >= core]
         options = {d: job._option(d, core, policy == "ntp-pw") for d in choices}
         stretch = policy == "ntp-pw" and job.power.shortfall == "stretch"
         for f in range(1, t + 1):
-            fits = [(o[0], -o[2] if stretch else -job.power.power_for(o[1]), d)
-                    for d, o in options.items() if d <= t - f and o[0] > 0]  # fmt: skip
+            fits = [
+                (o[0], -o[2] if stretch else -job.power.power_for(o[1]), d)
+                for d, o in options.items()
+                if d <= t - f and o[0] > 0
+            ]
             if fits:
                 d = max(fits)[2]
                 out["tp"][f], out["batch"][f] = d, options[d][0]
@@ -536,14 +577,18 @@ class Plan:
         return self.chosen[1]
 
     def describe(self) -> str:
-        lines = [f"{self.policy} (plan {self.chosen[0]}, core TP {self.core_tp}): "
-                 f"{len(self.replicas)} replicas, batch {self.global_batch}/"
-                 f"{self.healthy_global_batch}, step {self.step_time:.3f} s "
-                 f"(healthy {self.healthy_step_time:.3f} s), throughput {self.throughput:.4f}"]  # fmt: skip
+        lines = [
+            f"{self.policy} (plan {self.chosen[0]}, core TP {self.core_tp}): "
+            f"{len(self.replicas)} replicas, batch {self.global_batch}/"
+            f"{self.healthy_global_batch}, step {self.step_time:.3f} s "
+            f"(healthy {self.healthy_step_time:.3f} s), throughput {self.throughput:.4f}"
+        ]
         for r in self.replicas:
             if r.failed or r.tp != self.replicas[-1].tp:
-                lines.append(f"  replica {r.index}: TP {r.tp}, batch {r.local_batch}, power "
-                             f"{r.power:.3f}x, {r.failed} failed, slots {list(r.slots)}")  # fmt: skip
+                lines.append(
+                    f"  replica {r.index}: TP {r.tp}, batch {r.local_batch}, power "
+                    f"{r.power:.3f}x, {r.failed} failed, slots {list(r.slots)}"
+                )
         return "\n".join(lines)
 
 
@@ -576,18 +621,35 @@ def plan(job: Job, failed: np.ndarray, policy: str) -> Plan:
             runs_reduced = cand[0] == "ntp" or counts[s] > 0
             gpus.append(alive[:d] if runs_reduced else alive)
         boosted = cand[0] == "ntp-pw" and f > 0
-        replicas.append(ReplicaAssignment(
-            index=i, slots=tuple(int(s) for s in slots), gpus=np.concatenate(gpus), tp=d,
-            local_batch=b, power=job.power.power_for(speed) if boosted else 1.0,
-            speed=speed if boosted else 1.0, step_time=float(tab["time"][f]) + dp,
-            throughput=b / float(time[0]) * healthy_time / job.local_batch,
-            failed=int(counts[slots].sum()),
-        ))  # fmt: skip
+        replicas.append(
+            ReplicaAssignment(
+                index=i,
+                slots=tuple(int(s) for s in slots),
+                gpus=np.concatenate(gpus),
+                tp=d,
+                local_batch=b,
+                power=job.power.power_for(speed) if boosted else 1.0,
+                speed=speed if boosted else 1.0,
+                step_time=float(tab["time"][f]) + dp,
+                throughput=b / float(time[0]) * healthy_time / job.local_batch,
+                failed=int(counts[slots].sum()),
+            )
+        )
     used = set(groups.ravel().tolist())
     dead = tuple(int(s) for s in np.flatnonzero(counts > job.max_failures))
     idle = tuple(s for s in range(job.n_slots) if s not in used and s not in dead)
-    return Plan(policy, cand, tuple(replicas), idle, dead, float(time[0]), healthy_time,
-                int(batches.sum()), job.par.global_batch, float(thr[0]))  # fmt: skip
+    return Plan(
+        policy,
+        cand,
+        tuple(replicas),
+        idle,
+        dead,
+        float(time[0]),
+        healthy_time,
+        int(batches.sum()),
+        job.par.global_batch,
+        float(thr[0]),
+    )
 
 
 # ---- Monte Carlo over random failures -----------------------------------------------------------
@@ -610,30 +672,42 @@ def _nested_failures(n_gpus: int, fractions: np.ndarray, samples: int, seed: int
 
 
 def throughput_samples(
-    job: Job, fractions: Sequence[float], samples: int, seed: int = 0,
+    job: Job,
+    fractions: Sequence[float],
+    samples: int,
+    seed: int = 0,
     policies: Sequence[str] = POLICIES,
-) -> dict[str, np.ndarray]:  # fmt: skip
+) -> dict[str, np.ndarray]:
     """{policy: (len(fractions), samples) relative throughput} for uniformly random failures."""
     f = _check_fractions(fractions, samples)
     k, orders = _nested_failures(job.cluster.n_gpus, f, samples, seed)
     out = {p: np.empty((len(f), samples)) for p in policies}
     for i, ki in enumerate(k):
-        counts = np.stack([np.bincount(o[:ki] // job.base_tp, minlength=job.n_slots)
-                           for o in orders])  # fmt: skip
+        counts = np.stack(
+            [np.bincount(o[:ki] // job.base_tp, minlength=job.n_slots) for o in orders]
+        )
         for p in policies:
             out[p][i] = _best(job, counts, p)[0]
     return out
 
 
 def availability_samples(
-    n_gpus: int, domain_size: int, tps: Sequence[int], fractions: Sequence[float], samples: int,
+    n_gpus: int,
+    domain_size: int,
+    tps: Sequence[int],
+    fractions: Sequence[float],
+    samples: int,
     seed: int = 0,
-) -> dict[int, np.ndarray]:  # fmt: skip
+) -> dict[int, np.ndarray]:
     """{tp: (len(fractions), samples)} share of TP-``tp`` replicas with no failed GPU."""
     f = _check_fractions(fractions, samples)
     k, orders = _nested_failures(n_gpus, f, samples, seed)
-    return {tp: np.array([[replica_availability(n_gpus, domain_size, tp, o[:ki]) for o in orders]
-                          for ki in k]) for tp in tps}  # fmt: skip
+    return {
+        tp: np.array(
+            [[replica_availability(n_gpus, domain_size, tp, o[:ki]) for o in orders] for ki in k]
+        )
+        for tp in tps
+    }
 
 
 # ---- spare capacity over a failure trace --------------------------------------------------------
@@ -666,8 +740,10 @@ def _capacity(job: Job, counts: np.ndarray, policy: str) -> np.ndarray:
     """Largest global batch the policy's plans reach on these (S, n) slot counts."""
     _, leaders = _packed(job, counts)
     healthy = (counts == 0).sum(axis=1)
-    return np.max([_evaluate(job, leaders, healthy, c)[1].sum(axis=1)
-                   for c in _candidates(job, policy)], axis=0)  # fmt: skip
+    return np.max(
+        [_evaluate(job, leaders, healthy, c)[1].sum(axis=1) for c in _candidates(job, policy)],
+        axis=0,
+    )
 
 
 def spare_domains(
@@ -680,8 +756,10 @@ def spare_domains(
     may run. Found by bisection (the batch a policy reaches never falls as domains are added)."""
     n, dom = job.cluster.n_gpus, job.cluster.domain_size
     if trace.n_gpus < n or (trace.n_gpus - n) % dom:
-        raise ValueError(f"The trace must cover the job's {n} GPUs plus whole spare domains of "
-                         f"{dom}; it has {trace.n_gpus}.")  # fmt: skip
+        raise ValueError(
+            f"The trace must cover the job's {n} GPUs plus whole spare domains of "
+            f"{dom}; it has {trace.n_gpus}."
+        )
     available = (trace.n_gpus - n) // dom
     spd = job.slots_per_domain
     durations, counts = _trace_states(trace, trace.n_gpus // job.base_tp, job.base_tp)
@@ -706,13 +784,18 @@ def spare_domains(
 
 # ---- the NTP paper's experiments (``python -m tutorial_lib ntp-reproduce``) ---------------------
 PAPER_CLUSTER = ClusterSpec(
-    name="B200 NVL32 (NTP paper)", gpu=SPECS["B200"], n_gpus=32768, domain_size=32,
-    nvlink_bandwidth=900e9, scaleout_bandwidth=800e9 / 8,
+    name="B200 NVL32 (NTP paper)",
+    gpu=SPECS["B200"],
+    n_gpus=32768,
+    domain_size=32,
+    nvlink_bandwidth=900e9,
+    scaleout_bandwidth=800e9 / 8,
     source="NTP paper sec. 6.2: 32K B200 GPUs, NVL32 domains at 1.8 TB/s per GPU (both "
     "directions), one 800 Gb/s InfiniBand NIC per GPU",
-)  # fmt: skip
-PAPER_MODEL = ModelSpec(layers=100, hidden=20480, heads=128, vocab=51200, seq=16384,
-                        name="480B GPT (NTP paper)")  # fmt: skip
+)
+PAPER_MODEL = ModelSpec(
+    layers=100, hidden=20480, heads=128, vocab=51200, seq=16384, name="480B GPT (NTP paper)"
+)
 # What the paper reports (arXiv 2504.06095v1): the abstract; Figure 3 (availability, 32K GPUs,
 # uniform failures); Figure 4 (Llama 3 rates, 15 days); Figure 6 (largest loss over its range of
 # failed fractions; NTP-PW's bound holds up to 0.4% failed); Figure 7 (spares for a fixed batch).
@@ -729,14 +812,25 @@ AVAILABILITY_TPS = (8, 16, 32, 64)
 def _main_gpus(trace: FailureTrace, n_gpus: int) -> FailureTrace:
     """The part of a trace on GPUs 0..n_gpus-1."""
     keep = trace.gpu < n_gpus
-    return FailureTrace(n_gpus, trace.hours, trace.step_hours, trace.gpu[keep], trace.start[keep],
-                        trace.end[keep], trace.hardware[keep])  # fmt: skip
+    return FailureTrace(
+        n_gpus,
+        trace.hours,
+        trace.step_hours,
+        trace.gpu[keep],
+        trace.start[keep],
+        trace.end[keep],
+        trace.hardware[keep],
+    )
 
 
 def ntp_reproduce(
-    seed: int = 0, samples: int = 32, quick: bool = False, job: Job | None = None,
-    max_spares: int = 256, days: float = 15.0,
-) -> dict[str, Any]:  # fmt: skip
+    seed: int = 0,
+    samples: int = 32,
+    quick: bool = False,
+    job: Job | None = None,
+    max_spares: int = 256,
+    days: float = 15.0,
+) -> dict[str, Any]:
     """The NTP paper's availability, throughput-loss, spare-domain and failure-time figures on
     ``job`` (default ``Job.paper()``); keys in the module docstring. ``samples`` random failure
     patterns per point; ``max(1, samples // 8)`` traces (1 with ``quick``, which also uses 3
@@ -763,10 +857,14 @@ def ntp_reproduce(
         above.append(fraction_of_time_above(_main_gpus(trace, n), 0.001))
     return {
         "availability": {
-            "gpus": n, "domain_size": avail_dom, "failed_fraction": avail_f.tolist(),
+            "gpus": n,
+            "domain_size": avail_dom,
+            "failed_fraction": avail_f.tolist(),
             "simulated": {str(tp): a.mean(axis=1).tolist() for tp, a in avail.items()},
-            "expected": {str(tp): [expected_replica_availability(n, tp, round(f * n))
-                                   for f in avail_f] for tp in AVAILABILITY_TPS},
+            "expected": {
+                str(tp): [expected_replica_availability(n, tp, round(f * n)) for f in avail_f]
+                for tp in AVAILABILITY_TPS
+            },
         },
         "throughput_loss": {
             "failed_fraction": loss_f.tolist(),
@@ -779,17 +877,31 @@ def ntp_reproduce(
         "time_above_0.1pct": float(np.mean(above)),
         "time_above_0.1pct_per_trace": above,
         "setup": {
-            "seed": seed, "samples": samples, "traces": traces, "quick": quick, "days": days,
-            "max_spares": max_spares, "failure_model": "FailureModel.llama3()",
-            "job": {"model": dataclasses.asdict(job.model), "cluster": job.cluster.name,
-                    "gpus": n, "domain_size": dom, "tp": job.base_tp, "pp": job.par.pp,
-                    "dp": job.par.dp, "global_batch": job.par.global_batch,
-                    "reduced_tps": list(job.degrees), "power_cap": job.power.cap,
-                    "power_exponent": job.power.exponent, "shortfall": job.power.shortfall,
-                    "healthy_step_s": job.replica_time(job.base_tp, job.local_batch).total},
+            "seed": seed,
+            "samples": samples,
+            "traces": traces,
+            "quick": quick,
+            "days": days,
+            "max_spares": max_spares,
+            "failure_model": "FailureModel.llama3()",
+            "job": {
+                "model": dataclasses.asdict(job.model),
+                "cluster": job.cluster.name,
+                "gpus": n,
+                "domain_size": dom,
+                "tp": job.base_tp,
+                "pp": job.par.pp,
+                "dp": job.par.dp,
+                "global_batch": job.par.global_batch,
+                "reduced_tps": list(job.degrees),
+                "power_cap": job.power.cap,
+                "power_exponent": job.power.exponent,
+                "shortfall": job.power.shortfall,
+                "healthy_step_s": job.replica_time(job.base_tp, job.local_batch).total,
+            },
         },
         "paper": PAPER_REPORTED,
-    }  # fmt: skip
+    }
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -803,23 +915,39 @@ def format_report(report: dict[str, Any]) -> str:
     a, loss, job = report["availability"], report["throughput_loss"], report["setup"]["job"]
     paper = report["paper"]
     tps = list(a["simulated"])
-    avail_rows = [[f"{100 * f:.2f}%"] + [f"{a['simulated'][tp][i]:.3f} ({a['expected'][tp][i]:.3f})"
-                                        for tp in tps] for i, f in enumerate(a["failed_fraction"])]  # fmt: skip
-    loss_rows = [[f"{100 * f:.3f}%"] + [f"{100 * loss['mean'][p][i]:.2f}% ({100 * loss['max'][p][i]:.2f}%)"
-                                       for p in POLICIES] for i, f in enumerate(loss["failed_fraction"])]  # fmt: skip
-    spare_rows = [[p, str(report["spare_domains"][p]), str(report["spare_domains_per_trace"][p]),
-                   f"{100 * report['paused_fraction'][p]:.1f}%",
-                   str(paper["spare_domains"][p])] for p in POLICIES]  # fmt: skip
-    return "\n\n".join([
-        f"Replica availability on {a['gpus']:,} GPUs, uniform random failures: simulated "
-        f"(expected); paper: TP64 at 0.1% -> {paper['availability_tp64_at_0.1pct']}\n"
-        + _table(["failed"] + [f"TP{tp}" for tp in tps], avail_rows),
-        f"Throughput loss, mean (worst), {job['gpus']:,} GPUs in domains of {job['domain_size']}, "
-        f"TP {job['tp']} -> {job['reduced_tps']}, PP {job['pp']}, DP {job['dp']}; paper's worst: "
-        + ", ".join(f"{p} {100 * v:.0f}%" for p, v in paper["throughput_loss_max"].items())
-        + "\n" + _table(["failed"] + list(POLICIES), loss_rows),
-        f"Spare domains to hold the global batch over {report['setup']['days']:g}-day traces\n"
-        + _table(["policy", "needed", "per trace", "paused w/o spares", "paper"], spare_rows),
-        f"Time with > 0.1% of GPUs down: {100 * report['time_above_0.1pct']:.1f}% "
-        f"(paper: {100 * paper['time_above_0.1pct']:.0f}%)",
-    ])  # fmt: skip
+    avail_rows = [
+        [f"{100 * f:.2f}%"]
+        + [f"{a['simulated'][tp][i]:.3f} ({a['expected'][tp][i]:.3f})" for tp in tps]
+        for i, f in enumerate(a["failed_fraction"])
+    ]
+    loss_rows = [
+        [f"{100 * f:.3f}%"]
+        + [f"{100 * loss['mean'][p][i]:.2f}% ({100 * loss['max'][p][i]:.2f}%)" for p in POLICIES]
+        for i, f in enumerate(loss["failed_fraction"])
+    ]
+    spare_rows = [
+        [
+            p,
+            str(report["spare_domains"][p]),
+            str(report["spare_domains_per_trace"][p]),
+            f"{100 * report['paused_fraction'][p]:.1f}%",
+            str(paper["spare_domains"][p]),
+        ]
+        for p in POLICIES
+    ]
+    return "\n\n".join(
+        [
+            f"Replica availability on {a['gpus']:,} GPUs, uniform random failures: simulated "
+            f"(expected); paper: TP64 at 0.1% -> {paper['availability_tp64_at_0.1pct']}\n"
+            + _table(["failed"] + [f"TP{tp}" for tp in tps], avail_rows),
+            f"Throughput loss, mean (worst), {job['gpus']:,} GPUs in domains of {job['domain_size']}, "
+            f"TP {job['tp']} -> {job['reduced_tps']}, PP {job['pp']}, DP {job['dp']}; paper's worst: "
+            + ", ".join(f"{p} {100 * v:.0f}%" for p, v in paper["throughput_loss_max"].items())
+            + "\n"
+            + _table(["failed"] + list(POLICIES), loss_rows),
+            f"Spare domains to hold the global batch over {report['setup']['days']:g}-day traces\n"
+            + _table(["policy", "needed", "per trace", "paused w/o spares", "paper"], spare_rows),
+            f"Time with > 0.1% of GPUs down: {100 * report['time_above_0.1pct']:.1f}% "
+            f"(paper: {100 * paper['time_above_0.1pct']:.0f}%)",
+        ]
+    )

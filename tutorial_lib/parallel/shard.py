@@ -27,8 +27,15 @@ import torch
 
 from ..config import GPTConfig
 
-__all__ = ["ShardMap", "split_evenly", "UnitSpec", "unit_specs", "global_index", "split_by_unit",
-           "join_units"]  # fmt: skip
+__all__ = [
+    "ShardMap",
+    "split_evenly",
+    "UnitSpec",
+    "unit_specs",
+    "global_index",
+    "split_by_unit",
+    "join_units",
+]
 
 Units = tuple[tuple[int, ...], ...]
 
@@ -95,8 +102,9 @@ class ShardMap:
         return cls(split_evenly(cfg.n_head, tp), split_evenly(ffn, tp), cfg.n_head, ffn)
 
     @classmethod
-    def from_units(cls, cfg: GPTConfig, heads: Sequence[Sequence[int]],
-                   ffn: Sequence[Sequence[int]]) -> ShardMap:  # fmt: skip
+    def from_units(
+        cls, cfg: GPTConfig, heads: Sequence[Sequence[int]], ffn: Sequence[Sequence[int]]
+    ) -> ShardMap:
         """A map with explicit units per rank, checked against ``cfg``."""
         return cls(tuple(map(tuple, heads)), tuple(map(tuple, ffn)), cfg.n_head, 4 * cfg.n_embd)
 

@@ -83,8 +83,16 @@ class ColumnParallelLinear(_ShardedLinear):
     is [Q of my heads, K of my heads, V of my heads], so attention runs unchanged on my heads.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, group: Group,
-                 unit_spec: UnitSpec, units: tuple[int, ...], total_units: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        group: Group,
+        unit_spec: UnitSpec,
+        units: tuple[int, ...],
+        total_units: int,
+    ) -> None:
         super().__init__(unit_spec, units, total_units)
         if unit_spec.dim != 0:
             raise ValueError("A column-parallel layer splits its output (UnitSpec.dim == 0).")
@@ -98,8 +106,10 @@ class ColumnParallelLinear(_ShardedLinear):
         return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)  # (..., local_out)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.local_size} of {self.out_features}, " \
-               f"{self.unit_spec.axis}={self.units}"  # fmt: skip
+        return (
+            f"in={self.in_features}, out={self.local_size} of {self.out_features}, "
+            f"{self.unit_spec.axis}={self.units}"
+        )
 
 
 class RowParallelLinear(_ShardedLinear):
@@ -109,8 +119,16 @@ class RowParallelLinear(_ShardedLinear):
     all-reduce (adding it before would count it t times).
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, group: Group,
-                 unit_spec: UnitSpec, units: tuple[int, ...], total_units: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        group: Group,
+        unit_spec: UnitSpec,
+        units: tuple[int, ...],
+        total_units: int,
+    ) -> None:
         super().__init__(unit_spec, units, total_units)
         if unit_spec.dim != 1:
             raise ValueError("A row-parallel layer splits its input (UnitSpec.dim == 1).")
@@ -125,8 +143,10 @@ class RowParallelLinear(_ShardedLinear):
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"in={self.local_size} of {self.in_features}, out={self.out_features}, " \
-               f"{self.unit_spec.axis}={self.units}"  # fmt: skip
+        return (
+            f"in={self.local_size} of {self.in_features}, out={self.out_features}, "
+            f"{self.unit_spec.axis}={self.units}"
+        )
 
 
 def check_tp_setup(cfg: GPTConfig, group: Group, shard_map: ShardMap, rank: int | None) -> int:
@@ -171,8 +191,9 @@ class TPLayers(TorchLayers):
     Every Block uses the same map, so the factory needs no per-block state.
     """
 
-    def __init__(self, cfg: GPTConfig, group: Group, shard_map: ShardMap,
-                 rank: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: GPTConfig, group: Group, shard_map: ShardMap, rank: int | None = None
+    ) -> None:
         self.rank = check_tp_setup(cfg, group, shard_map, rank)
         self.cfg, self.group, self.shard_map = cfg, group, shard_map
         self.specs = unit_specs(cfg)
@@ -194,8 +215,9 @@ def _spec_of(name: str, specs: Mapping[str, UnitSpec]) -> UnitSpec | None:
     return None
 
 
-def shard_state_dict(full: Mapping[str, torch.Tensor], cfg: GPTConfig, shard_map: ShardMap,
-                     rank: int) -> dict[str, torch.Tensor]:  # fmt: skip
+def shard_state_dict(
+    full: Mapping[str, torch.Tensor], cfg: GPTConfig, shard_map: ShardMap, rank: int
+) -> dict[str, torch.Tensor]:
     """This rank's slice of a full (single-process) state dict; replicated entries as they are."""
     shard_map.check_model(cfg)
     specs = unit_specs(cfg)

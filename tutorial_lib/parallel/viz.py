@@ -46,9 +46,11 @@ def rank_colors(n: int) -> list[tuple[float, float, float, float]]:
 
 
 def plot_shard_maps(
-    maps: Mapping[str, ShardMap], title: str = "Which TP rank owns which units",
-    note: str | None = None, annotate_heads: bool = True,
-) -> Figure:  # fmt: skip
+    maps: Mapping[str, ShardMap],
+    title: str = "Which TP rank owns which units",
+    note: str | None = None,
+    annotate_heads: bool = True,
+) -> Figure:
     """One row per named map: heads (left) and FFN columns (right), coloured by owning rank.
 
     ``note`` goes under the figure (e.g. what the maps are for); ``annotate_heads`` writes the
@@ -61,15 +63,25 @@ def plot_shard_maps(
     cmap = ListedColormap(colors)
     rows = len(maps)
     fig, axes = plt.subplots(
-        rows, 2, figsize=(10.0, 0.75 * rows + 1.5), squeeze=False,
+        rows,
+        2,
+        figsize=(10.0, 0.75 * rows + 1.5),
+        squeeze=False,
         gridspec_kw={"width_ratios": [1, 3]},
-    )  # fmt: skip
+    )
     for row, (name, shard_map) in enumerate(maps.items()):
         for col, axis in enumerate(AXIS_LABELS):
             ax = axes[row][col]
             owners = unit_owners(shard_map, axis)
-            ax.imshow(owners[None, :], aspect="auto", cmap=cmap, vmin=-0.5, vmax=n_ranks - 0.5,
-                      interpolation="nearest", extent=(-0.5, len(owners) - 0.5, 0, 1))  # fmt: skip
+            ax.imshow(
+                owners[None, :],
+                aspect="auto",
+                cmap=cmap,
+                vmin=-0.5,
+                vmax=n_ranks - 0.5,
+                interpolation="nearest",
+                extent=(-0.5, len(owners) - 0.5, 0, 1),
+            )
             ax.set_yticks([])
             ax.grid(False)
             if axis == "heads" and len(owners) <= 8:
@@ -78,8 +90,16 @@ def plot_shard_maps(
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if axis == "heads" and annotate_heads and len(owners) <= 32:
                 for unit, rank in enumerate(owners):
-                    ax.text(unit, 0.5, str(rank), ha="center", va="center", fontsize=8,
-                            color="white", fontweight="bold")  # fmt: skip
+                    ax.text(
+                        unit,
+                        0.5,
+                        str(rank),
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white",
+                        fontweight="bold",
+                    )
             if col == 0:
                 ax.set_ylabel(name, rotation=0, ha="right", va="center", fontsize=9)
             if row == 0:
@@ -87,11 +107,17 @@ def plot_shard_maps(
             if row == rows - 1:
                 ax.set_xlabel(f"{AXIS_LABELS[axis]} index")
     handles = [Patch(color=colors[r], label=f"TP rank {r}") for r in range(n_ranks)]
-    fig.legend(handles=handles, loc="upper center", ncol=min(n_ranks, 8), fontsize=8,
-               bbox_to_anchor=(0.5, 0.0))  # fmt: skip
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        ncol=min(n_ranks, 8),
+        fontsize=8,
+        bbox_to_anchor=(0.5, 0.0),
+    )
     fig.suptitle(title, fontsize=12, fontweight="bold")
     if note:
-        fig.text(0.99, -0.08 - 0.03 * (n_ranks > 8), note, ha="right", va="top", fontsize=8,
-                 color="0.4")  # fmt: skip
+        fig.text(
+            0.99, -0.08 - 0.03 * (n_ranks > 8), note, ha="right", va="top", fontsize=8, color="0.4"
+        )
     fig.tight_layout()
     return fig

@@ -50,9 +50,13 @@ def run_jobs(rank: int, world_size: int, jobs: Sequence[Job]) -> list[Any]:
     ]
 
 
-def tp_forward_backward(group: Group, cfg: GPTConfig, shard_map: ShardMap,
-                        batch: tuple[torch.Tensor, torch.Tensor],
-                        state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:  # fmt: skip
+def tp_forward_backward(
+    group: Group,
+    cfg: GPTConfig,
+    shard_map: ShardMap,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    state_dict: dict[str, torch.Tensor],
+) -> dict[str, Any]:
     """One forward and backward of ``GPT(cfg)`` with ``state_dict``, tensor-parallel over
     ``group``: logits, loss, the gathered full gradients and state dict, and local shapes."""
     model = GPT(cfg)
@@ -72,9 +76,14 @@ def tp_forward_backward(group: Group, cfg: GPTConfig, shard_map: ShardMap,
     }
 
 
-def tp_forward_backward_worker(rank: int, world_size: int, cfg: GPTConfig, shard_map: ShardMap,
-                               batch: tuple[torch.Tensor, torch.Tensor],
-                               state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:  # fmt: skip
+def tp_forward_backward_worker(
+    rank: int,
+    world_size: int,
+    cfg: GPTConfig,
+    shard_map: ShardMap,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    state_dict: dict[str, torch.Tensor],
+) -> dict[str, Any]:
     """``tp_forward_backward`` over all ``world_size`` spawned ranks (TP degree = world size)."""
     return tp_forward_backward(dist.group.WORLD, cfg, shard_map, batch, state_dict)
 
@@ -87,9 +96,12 @@ def operators_check(group: Group, shape: tuple[int, ...], dim: int = 1) -> dict[
     r = group_rank(group)
     numel = torch.Size(shape).numel()
     out: dict[str, Any] = {}
-    ops = {"copy": comm.copy_to_tp, "reduce": comm.reduce_from_tp,
-           "gather": lambda t, g: comm.gather_from_sp(t, g, dim),
-           "scatter": lambda t, g: comm.scatter_to_sp(t, g, dim)}  # fmt: skip
+    ops = {
+        "copy": comm.copy_to_tp,
+        "reduce": comm.reduce_from_tp,
+        "gather": lambda t, g: comm.gather_from_sp(t, g, dim),
+        "scatter": lambda t, g: comm.scatter_to_sp(t, g, dim),
+    }
     for name, op in ops.items():
         x = (torch.arange(numel, dtype=torch.float64).reshape(shape) + 100.0 * r).requires_grad_()
         y = op(x, group)
@@ -106,9 +118,15 @@ def operators_check(group: Group, shape: tuple[int, ...], dim: int = 1) -> dict[
     return out
 
 
-def parallel_linear_check(group: Group, kind: str, spec: UnitSpec, units: Sequence[Sequence[int]],
-                          full: nn.Linear, x: torch.Tensor,
-                          dy: torch.Tensor) -> dict[str, torch.Tensor]:  # fmt: skip
+def parallel_linear_check(
+    group: Group,
+    kind: str,
+    spec: UnitSpec,
+    units: Sequence[Sequence[int]],
+    full: nn.Linear,
+    x: torch.Tensor,
+    dy: torch.Tensor,
+) -> dict[str, torch.Tensor]:
     """A ``ColumnParallelLinear`` (kind "column") or ``RowParallelLinear`` ("row") cut from
     ``full`` by ``units[rank]``: forward on ``x`` (its shard, for a row layer), backward with
     ``dy`` (its shard, for a column layer). Local output and gradients, and the shard index."""
@@ -116,14 +134,16 @@ def parallel_linear_check(group: Group, kind: str, spec: UnitSpec, units: Sequen
     index = global_index(spec, units[r], total)
     bias = full.bias is not None
     if kind == "column":
-        layer = ColumnParallelLinear(full.in_features, full.out_features, bias, group, spec,
-                                     tuple(units[r]), total)  # fmt: skip
+        layer = ColumnParallelLinear(
+            full.in_features, full.out_features, bias, group, spec, tuple(units[r]), total
+        )
         weight, b = full.weight.index_select(0, index), full.bias
         b = None if b is None else b.index_select(0, index)
         x, dy = x.clone(), dy.index_select(-1, index)
     else:
-        layer = RowParallelLinear(full.in_features, full.out_features, bias, group, spec,
-                                  tuple(units[r]), total)  # fmt: skip
+        layer = RowParallelLinear(
+            full.in_features, full.out_features, bias, group, spec, tuple(units[r]), total
+        )
         weight, b = full.weight.index_select(1, index), full.bias
         x = x.index_select(-1, index)
     with torch.no_grad():
@@ -133,14 +153,24 @@ def parallel_linear_check(group: Group, kind: str, spec: UnitSpec, units: Sequen
     x.requires_grad_()
     y = layer(x)
     y.backward(dy)
-    return {"y": y.detach(), "dW": layer.weight.grad, "dx": x.grad, "index": index,
-            "db": None if layer.bias is None else layer.bias.grad}  # fmt: skip
+    return {
+        "y": y.detach(),
+        "dW": layer.weight.grad,
+        "dx": x.grad,
+        "index": index,
+        "db": None if layer.bias is None else layer.bias.grad,
+    }
 
 
-def tp_train_steps(group: Group, cfg: GPTConfig, shard_map: ShardMap,
-                   state_dict: dict[str, torch.Tensor], data: tuple[torch.Tensor, ...],
-                   train_cfg: TrainConfig, dtype: torch.dtype = torch.float32,
-                   ) -> dict[str, Any]:  # fmt: skip
+def tp_train_steps(
+    group: Group,
+    cfg: GPTConfig,
+    shard_map: ShardMap,
+    state_dict: dict[str, torch.Tensor],
+    data: tuple[torch.Tensor, ...],
+    train_cfg: TrainConfig,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
     """``train_cfg.steps`` steps of ``TPTrainer`` from ``state_dict`` on ``TokenData(*data)``,
     with parameters in ``dtype``: the history and the gathered full state dict at the end."""
     default = torch.get_default_dtype()
@@ -148,8 +178,14 @@ def tp_train_steps(group: Group, cfg: GPTConfig, shard_map: ShardMap,
     try:
         model = GPT(cfg)
         model.load_state_dict(state_dict)
-        trainer = TPTrainer(parallelize(model, group, shard_map), TokenData(*data), train_cfg,
-                            group, shard_map, device="cpu")  # fmt: skip
+        trainer = TPTrainer(
+            parallelize(model, group, shard_map),
+            TokenData(*data),
+            train_cfg,
+            group,
+            shard_map,
+            device="cpu",
+        )
         history = trainer.train()
     finally:
         torch.set_default_dtype(default)

@@ -64,21 +64,47 @@ def op_cases(
     targets = torch.randint(V, (M,), generator=g, device=device)
     rows = B * cfg.n_head * T
     return [
-        OpCase("bias + GELU", f"({M}, {4 * C})", (rand(M, 4 * C), rand(4 * C)),
-               lambda x, bb: F.gelu(x + bb, approximate="tanh"), kernels.bias_gelu,
-               traffic.bias_gelu_bytes(M, 4 * C, dtype)),
-        OpCase("LayerNorm", f"({M}, {C})", (rand(M, C), w, b),
-               lambda x, ww, bb: F.layer_norm(x, (C,), ww, bb, 1e-5), kernels.layer_norm,
-               traffic.layer_norm_bytes(M, C, dtype)),
-        OpCase("residual add + LayerNorm", f"({M}, {C})", (rand(M, C), rand(M, C), w, b),
-               _add_ln, kernels.add_layer_norm, traffic.add_layer_norm_bytes(M, C, dtype)),
-        OpCase("softmax", f"({rows}, {T})", (rand(rows, T),),
-               lambda x: torch.softmax(x, dim=-1), kernels.softmax,
-               traffic.softmax_bytes(rows, T, dtype)),
-        OpCase("cross-entropy", f"({M}, {V})", (rand(M, V), targets),
-               lambda x, t: F.cross_entropy(x.float(), t), kernels.cross_entropy,
-               traffic.cross_entropy_bytes(M, V, dtype)),
-    ]  # fmt: skip
+        OpCase(
+            "bias + GELU",
+            f"({M}, {4 * C})",
+            (rand(M, 4 * C), rand(4 * C)),
+            lambda x, bb: F.gelu(x + bb, approximate="tanh"),
+            kernels.bias_gelu,
+            traffic.bias_gelu_bytes(M, 4 * C, dtype),
+        ),
+        OpCase(
+            "LayerNorm",
+            f"({M}, {C})",
+            (rand(M, C), w, b),
+            lambda x, ww, bb: F.layer_norm(x, (C,), ww, bb, 1e-5),
+            kernels.layer_norm,
+            traffic.layer_norm_bytes(M, C, dtype),
+        ),
+        OpCase(
+            "residual add + LayerNorm",
+            f"({M}, {C})",
+            (rand(M, C), rand(M, C), w, b),
+            _add_ln,
+            kernels.add_layer_norm,
+            traffic.add_layer_norm_bytes(M, C, dtype),
+        ),
+        OpCase(
+            "softmax",
+            f"({rows}, {T})",
+            (rand(rows, T),),
+            lambda x: torch.softmax(x, dim=-1),
+            kernels.softmax,
+            traffic.softmax_bytes(rows, T, dtype),
+        ),
+        OpCase(
+            "cross-entropy",
+            f"({M}, {V})",
+            (rand(M, V), targets),
+            lambda x, t: F.cross_entropy(x.float(), t),
+            kernels.cross_entropy,
+            traffic.cross_entropy_bytes(M, V, dtype),
+        ),
+    ]
 
 
 def time_ops(
@@ -91,25 +117,37 @@ def time_ops(
         impls: dict[str, Callable[..., Any] | str] = {
             "eager": case.eager,
             "compile": torch.compile(case.eager, dynamic=False),
-            "triton": case.triton if device.type == "cuda" else (
+            "triton": case.triton
+            if device.type == "cuda"
+            else (
                 "Triton kernels are timed on a CUDA GPU only: on a CPU they run in the "
                 "interpreter, whose time measures Python, not memory"
             ),
-        }  # fmt: skip
+        }
         for impl, fn in impls.items():
-            row: dict[str, Any] = {"op": case.name, "impl": impl, "shape": case.shape,
-                                   "dtype": str(case.inputs[0].dtype).removeprefix("torch.")}  # fmt: skip
+            row: dict[str, Any] = {
+                "op": case.name,
+                "impl": impl,
+                "shape": case.shape,
+                "dtype": str(case.inputs[0].dtype).removeprefix("torch."),
+            }
             if isinstance(fn, str):
                 rows.append({**row, "skipped": fn})
                 continue
             with torch.no_grad():
                 result = benchmark(lambda f=fn, a=case.inputs: f(*a), *timing, device=device)
             seconds = result.median
-            rows.append({
-                **row, "time_us": 1e6 * seconds, "min_bytes": case.min_bytes,
-                "GB/s": traffic.achieved_bandwidth(case.min_bytes, seconds) / 1e9,
-                "fraction_of_hbm_peak": traffic.bandwidth_fraction(case.min_bytes, seconds, spec),
-            })  # fmt: skip
+            rows.append(
+                {
+                    **row,
+                    "time_us": 1e6 * seconds,
+                    "min_bytes": case.min_bytes,
+                    "GB/s": traffic.achieved_bandwidth(case.min_bytes, seconds) / 1e9,
+                    "fraction_of_hbm_peak": traffic.bandwidth_fraction(
+                        case.min_bytes, seconds, spec
+                    ),
+                }
+            )
     return rows
 
 
@@ -119,10 +157,20 @@ def step_rows(preset: RunPreset, device: torch.device, steps: int) -> list[dict[
     rungs = [Rung("eager", precision), Rung("compile", precision, compile=True)]
     if device.type == "cuda":
         rungs.append(Rung("triton kernels", precision, fused=True))
-    rows = run_ladder(preset, device, rungs, steps=steps, batch=preset.bench_batch_size,
-                      progress=False)  # fmt: skip
-    keep = ("rung", "precision", "skipped", "step_time_ms", "tokens_per_s", "mfu",
-            "peak_mem_bytes", "compile_s", "final_loss")  # fmt: skip
+    rows = run_ladder(
+        preset, device, rungs, steps=steps, batch=preset.bench_batch_size, progress=False
+    )
+    keep = (
+        "rung",
+        "precision",
+        "skipped",
+        "step_time_ms",
+        "tokens_per_s",
+        "mfu",
+        "peak_mem_bytes",
+        "compile_s",
+        "final_loss",
+    )
     return [{k: r[k] for k in keep if k in r} for r in rows]
 
 

@@ -33,8 +33,19 @@ from ..model import GPT
 from ..precision import get_policy
 from ..viz import label_hardware
 
-__all__ = ["FUSIONS", "LADDER_MAX_LR", "Rung", "ladder_rungs", "run_rung", "run_ladder", "ladder_table",
-           "plot_ladder", "plot_ladder_losses", "ladder_meta", "final_loss"]  # fmt: skip
+__all__ = [
+    "FUSIONS",
+    "LADDER_MAX_LR",
+    "Rung",
+    "ladder_rungs",
+    "run_rung",
+    "run_ladder",
+    "ladder_table",
+    "plot_ladder",
+    "plot_ladder_losses",
+    "ladder_meta",
+    "final_loss",
+]
 
 FUSIONS = ("compile", "triton", "both")
 
@@ -96,18 +107,28 @@ def run_rung(
     preset's."""
     from ..train import TrainConfig, Trainer  # train imports perf: import here, not at the top
 
-    row: dict[str, Any] = {"rung": rung.name, "precision": rung.precision, "fused": rung.fused,
-                           "compile": rung.compile}  # fmt: skip
+    row: dict[str, Any] = {
+        "rung": rung.name,
+        "precision": rung.precision,
+        "fused": rung.fused,
+        "compile": rung.compile,
+    }
     try:
         get_policy(rung.precision, device)
     except (RuntimeError, KeyError) as exc:
         return {**row, "skipped": str(exc).strip("'\"")}
     cfg = TrainConfig(
-        steps=steps, batch_size=batch, lr=lr or preset.lr,
+        steps=steps,
+        batch_size=batch,
+        lr=lr or preset.lr,
         warmup_steps=min(preset.warmup_steps, steps),
-        eval_every=0, precision=rung.precision, fused=rung.fused, compile=rung.compile,
-        seed=seed, progress=False,
-    )  # fmt: skip
+        eval_every=0,
+        precision=rung.precision,
+        fused=rung.fused,
+        compile=rung.compile,
+        seed=seed,
+        progress=False,
+    )
     if start is not None:
         data.load_state_dict(start)  # every rung sees the same batches
     torch.manual_seed(seed)
@@ -124,12 +145,18 @@ def run_rung(
     mfus = [r["mfu"] for r in timed if r["mfu"] is not None]
     tokens = batch * data.block_size
     row.update(
-        steps=steps, batch=batch, seq=data.block_size, lr=cfg.lr, step_time_ms=1e3 * step_s,
-        tokens_per_s=tokens / step_s, mfu=_median(mfus) if mfus else None,  # type: ignore[arg-type]
+        steps=steps,
+        batch=batch,
+        seq=data.block_size,
+        lr=cfg.lr,
+        step_time_ms=1e3 * step_s,
+        tokens_per_s=tokens / step_s,
+        mfu=_median(mfus) if mfus else None,  # type: ignore[arg-type]
         peak_mem_bytes=max(float(r["peak_mem_bytes"]) for r in history),  # type: ignore[arg-type]
         first_step_s=float(history[0]["step_time_s"]),  # type: ignore[arg-type]
-        compile_s=trainer.compile_time_s, losses=[float(r["loss"]) for r in history],  # type: ignore[arg-type]
-    )  # fmt: skip
+        compile_s=trainer.compile_time_s,
+        losses=[float(r["loss"]) for r in history],  # type: ignore[arg-type]
+    )
     row["final_loss"] = final_loss(row["losses"])
     note = _device_note(rung, device)
     if note:
@@ -206,18 +233,20 @@ def ladder_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             table.append({"rung": r["rung"], "skipped": r["skipped"]})
             continue
         mem = r.get("peak_mem_bytes")
-        table.append({
-            "rung": r["rung"],
-            "tokens/s": round(r["tokens_per_s"]),
-            "speed-up": r["tokens_per_s"] / base["tokens_per_s"] if base else None,
-            "MFU": r.get("mfu"),
-            "step ms": r["step_time_ms"],
-            "peak mem MiB": None if mem is None else mem / 2**20,
-            "compile s": r.get("compile_s"),
-            "final loss": r["final_loss"],
-            "vs rung 1": r["final_loss"] - base["final_loss"] if base else None,
-            "note": r.get("note", ""),
-        })  # fmt: skip
+        table.append(
+            {
+                "rung": r["rung"],
+                "tokens/s": round(r["tokens_per_s"]),
+                "speed-up": r["tokens_per_s"] / base["tokens_per_s"] if base else None,
+                "MFU": r.get("mfu"),
+                "step ms": r["step_time_ms"],
+                "peak mem MiB": None if mem is None else mem / 2**20,
+                "compile s": r.get("compile_s"),
+                "final loss": r["final_loss"],
+                "vs rung 1": r["final_loss"] - base["final_loss"] if base else None,
+                "note": r.get("note", ""),
+            }
+        )
     return table
 
 
@@ -229,9 +258,11 @@ def plot_ladder(
     Without a datasheet peak (a CPU) every MFU is ``n/a`` and the panel keeps a 0-100 % axis."""
     names = [r["rung"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.2), sharey=True)
-    panels = [("tokens_per_s", "tokens / s", "tokens / s", 1.0),
-              ("mfu", "MFU", "% of the datasheet peak", 100.0),
-              ("peak_mem_bytes", "peak memory", "MiB", 1 / 2**20)]  # fmt: skip
+    panels = [
+        ("tokens_per_s", "tokens / s", "tokens / s", 1.0),
+        ("mfu", "MFU", "% of the datasheet peak", 100.0),
+        ("peak_mem_bytes", "peak memory", "MiB", 1 / 2**20),
+    ]
     y = list(range(len(rows)))
     for ax, (key, panel_title, unit, scale) in zip(axes, panels, strict=True):
         values = [None if "skipped" in r or r.get(key) is None else r[key] * scale for r in rows]
@@ -261,8 +292,14 @@ def plot_ladder_losses(rows: Sequence[dict[str, Any]], hardware: str | None = No
         if "skipped" in r:
             continue
         losses = r["losses"]
-        ax.plot(range(1, len(losses) + 1), losses, color=f"C{i % 7}", label=r["rung"],
-                lw=1.4, ls="-" if i % 2 == 0 else "--")  # fmt: skip
+        ax.plot(
+            range(1, len(losses) + 1),
+            losses,
+            color=f"C{i % 7}",
+            label=r["rung"],
+            lw=1.4,
+            ls="-" if i % 2 == 0 else "--",
+        )
     ax.set_title("Loss parity across the ladder")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats per byte)")

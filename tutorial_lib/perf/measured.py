@@ -64,8 +64,10 @@ class GemmRates:
     def table(self) -> str:
         lines = [f"{self.n}x{self.n}x{self.n} GEMM {self.where}:"]
         for math, t in self.seconds.items():
-            lines.append(f"  {_LABELS[math]:5s} {t * 1e3:10.3f} ms  {self.gflops(math):10.1f} "
-                         f"GFLOP/s  ({self.paths[math]})")  # fmt: skip
+            lines.append(
+                f"  {_LABELS[math]:5s} {t * 1e3:10.3f} ms  {self.gflops(math):10.1f} "
+                f"GFLOP/s  ({self.paths[math]})"
+            )
         return "\n".join(lines)
 
 

@@ -81,8 +81,12 @@ def run_policy(
 ) -> dict[str, Any]:
     """One row: the policy's step time, throughput, MFU and peak memory, or why it was skipped."""
     device = torch.device(device) if device is not None else default_device()
-    row: dict[str, Any] = {"policy": name, "model": preset.model, "batch": batch,
-                           "seq": cfg.block_size}  # fmt: skip
+    row: dict[str, Any] = {
+        "policy": name,
+        "model": preset.model,
+        "batch": batch,
+        "seq": cfg.block_size,
+    }
     try:
         policy = get_policy(name, device)
     except RuntimeError as exc:
@@ -100,12 +104,16 @@ def run_policy(
     flops_per_token = model.flops_per_token(training=True, seq_len=cfg.block_size)
     mem = memory_report(device)
     row.update(
-        step_time_ms=1e3 * result.median, step_time_min_ms=1e3 * result.min,
-        step_time_max_ms=1e3 * result.max, iters=result.iters, tokens_per_s=tokens_per_s,
+        step_time_ms=1e3 * result.median,
+        step_time_min_ms=1e3 * result.min,
+        step_time_max_ms=1e3 * result.max,
+        iters=result.iters,
+        tokens_per_s=tokens_per_s,
         mfu=mfu(tokens_per_s, flops_per_token, describe_device(device).spec, policy.peak_dtype),
-        peak_allocated_bytes=mem.peak_allocated, peak_reserved_bytes=mem.peak_reserved,
+        peak_allocated_bytes=mem.peak_allocated,
+        peak_reserved_bytes=mem.peak_reserved,
         peak_rss_bytes=mem.peak_rss,
-    )  # fmt: skip
+    )
     note = _cpu_note(policy, device)
     if note:
         row["note"] = note

@@ -59,8 +59,11 @@ def _driver_version() -> str | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=5, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
@@ -217,10 +220,11 @@ def latest_hopper_results(name: str, out_dir: str | Path = DEFAULT_DIR) -> dict[
     A chapter that gets None must say so plainly rather than show something else in its place.
     """
     hopper = [
-        r for r in load_results(name, out_dir)
+        r
+        for r in load_results(name, out_dir)
         if any(h in r["environment"]["device"].upper() for h in ("H100", "H200"))
         and r["environment"].get("preset") == "hopper"
-    ]  # fmt: skip
+    ]
     return hopper[0] if hopper else None
 
 

@@ -214,8 +214,9 @@ def plot_roofline(
         y = first.attainable(op.intensity)
         ax.plot([op.intensity], [y], "o", color="0.2", ms=5)
         offset = (5, -11) if i % 2 else (5, 4)  # alternate sides: neighbours often crowd
-        ax.annotate(op.name, (op.intensity, y), textcoords="offset points", xytext=offset,
-                    fontsize=7)  # fmt: skip
+        ax.annotate(
+            op.name, (op.intensity, y), textcoords="offset points", xytext=offset, fontsize=7
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_title(title)
