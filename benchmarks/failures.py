@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tutorial_lib.config import get_preset
-from tutorial_lib.parallel.failures import (
+from tutorial_lib.cluster.failures import (
     FailureModel,
     expected_replica_availability,
     fraction_of_time_above,
@@ -38,6 +37,7 @@ from tutorial_lib.parallel.failures import (
     replica_availability,
     simulate_trace,
 )
+from tutorial_lib.config import get_preset
 from tutorial_lib.perf import benchmark, environment_stamp, write_and_print
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"

@@ -7,10 +7,10 @@ policy, and whole ``ntp-reproduce`` runs.
 Rows, each with the median wall time of ``--repeats`` calls (after one warm-up call; a
 ``ntp-reproduce`` run is timed once per repeat without a warm-up, it takes seconds):
 
-- ``plan <policy>``: ``planner.plan(Job.paper(), failed, policy)`` for ``--fraction`` of the GPUs
-  failed uniformly at random, with what the plan says (replicas, degraded replicas, relative
-  throughput, the most power a replica draws);
-- ``ntp-reproduce --quick`` / ``ntp-reproduce``: ``planner.ntp_reproduce`` at ``--samples``.
+- ``plan <policy>``: ``plan_cluster(TrainingJob.paper(), failed, policy)`` for ``--fraction`` of
+  the GPUs failed uniformly at random, with what the plan says (replicas, degraded replicas,
+  relative throughput, the most power a replica draws);
+- ``ntp-reproduce --quick`` / ``ntp-reproduce``: ``cluster.ntp_reproduce`` at ``--samples``.
 
 The planner is numpy on the CPU whatever the machine has, so the results are stamped with the CPU
 (``environment_stamp("cpu")``) and written through ``perf.write_and_print("planner", ...)``.
@@ -28,9 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from tutorial_lib.cluster import (
+    PLAN_POLICIES,
+    TrainingJob,
+    ntp_reproduce,
+    plan_cluster,
+    random_failures,
+)
 from tutorial_lib.config import get_preset
-from tutorial_lib.parallel.failures import random_failures
-from tutorial_lib.parallel.planner import POLICIES, Job, ntp_reproduce, plan
 from tutorial_lib.perf import benchmark, environment_stamp, write_and_print
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -63,14 +68,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def plan_rows(args: argparse.Namespace, job: Job) -> list[dict[str, Any]]:
+def plan_rows(args: argparse.Namespace, job: TrainingJob) -> list[dict[str, Any]]:
     failed = random_failures(job.cluster.n_gpus, args.fraction, seed=args.seed)
     rows = []
-    for policy in POLICIES:
+    for policy in PLAN_POLICIES:
         timing = benchmark(
-            lambda p=policy: plan(job, failed, p), warmup=1, iters=args.repeats, device="cpu"
+            lambda p=policy: plan_cluster(job, failed, p),
+            warmup=1,
+            iters=args.repeats,
+            device="cpu",
         )
-        result = plan(job, failed, policy)
+        result = plan_cluster(job, failed, policy)
         rows.append(
             {
                 "op": f"plan {policy}",
@@ -114,11 +122,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
     """Run the benchmark; returns the path of the JSON written."""
     args = parse_args(argv)
     preset = get_preset(args.preset)
-    job = Job.paper()
+    job = TrainingJob.paper()
     rows = plan_rows(args, job) + reproduce_rows(args)
     env = {**environment_stamp(torch.device("cpu")), "preset": preset.name}
     meta = {
-        "job": "planner.Job.paper()",
+        "job": "cluster.TrainingJob.paper()",
         "fraction": args.fraction,
         "samples": args.samples,
         "seed": args.seed,

@@ -78,10 +78,16 @@ def test_replace_returns_validated_copy() -> None:
         cfg.replace(n_embd=130)  # 130 % 4 != 0
 
 
-def test_config_is_frozen() -> None:
-    cfg = GPTConfig()
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.n_layer = 3  # type: ignore[misc]
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_model_config_is_its_named_size_with_its_overrides(name: str) -> None:
+    """``model_config()`` is the size the preset names, field by field, except the fields the
+    preset overrides (which must be GPTConfig fields); the result validates."""
+    preset = PRESETS[name]
+    base = dataclasses.asdict(MODEL_SIZES[preset.model])
+    assert set(preset.model_overrides) <= set(base), preset.model_overrides
+    cfg = preset.model_config()
+    assert dataclasses.asdict(cfg) == {**base, **preset.model_overrides}
+    assert GPTConfig(**dataclasses.asdict(cfg)) == cfg  # validation passes on the result
 
 
 # ---- validation ----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Tests for ``parallel.cost_model``: hand-computed formulas, error cases, and the validation
-against Table 1 of Narayanan et al. 2021."""
+"""Tests for the cost model (``cluster.specs``, ``cluster.cost_terms``, ``cluster.validation``):
+hand-computed formulas, error cases, and the validation against Table 1 of Narayanan et al. 2021."""
 
 from __future__ import annotations
 
@@ -8,20 +8,8 @@ import statistics
 
 import pytest
 
-from tutorial_lib.config import GPTConfig
-from tutorial_lib.model import GPT
-from tutorial_lib.parallel.cost_model import (
-    A100_COMPUTE_EFFICIENCY,
-    CALIBRATION_ROWS,
-    CLUSTERS,
-    GB200,
-    MEGATRON_2021_TABLE1,
-    ClusterSpec,
-    ModelSpec,
-    ParallelConfig,
+from tutorial_lib.cluster.cost_terms import (
     activation_bytes_per_layer,
-    calibrate_compute_efficiency,
-    check_config,
     dp_allreduce_time,
     iteration_time,
     memory_per_gpu,
@@ -29,8 +17,24 @@ from tutorial_lib.parallel.cost_model import (
     tflops_per_gpu,
     tp_comm_bytes_per_layer,
     training_flops,
+)
+from tutorial_lib.cluster.specs import (
+    CLUSTERS,
+    GB200,
+    ClusterSpec,
+    ModelSpec,
+    ParallelConfig,
+    check_config,
+)
+from tutorial_lib.cluster.validation import (
+    A100_COMPUTE_EFFICIENCY,
+    CALIBRATION_ROWS,
+    MEGATRON_2021_TABLE1,
+    calibrate_compute_efficiency,
     validation_table,
 )
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.model import GPT
 
 # A toy cluster with round numbers: 100 B/s NVLink, 10 B/s scale-out, perfect collectives.
 TOY = ClusterSpec(

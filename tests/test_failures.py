@@ -1,4 +1,4 @@
-"""Tests for tutorial_lib.parallel.failures: the Llama 3 failure model, seeded traces, random
+"""Tests for tutorial_lib.cluster.failures: the Llama 3 failure model, seeded traces, random
 failures and replica availability, and a smoke run of benchmarks/failures.py.
 
 Statistical checks use a fixed seed, so each is deterministic; the bounds are 4 standard
@@ -18,7 +18,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from tutorial_lib.parallel.failures import (
+from tutorial_lib.cluster.failures import (
     FailureModel,
     FailureTrace,
     Recovery,

@@ -3,7 +3,7 @@
 - FP16, BF16, FP8: PyTorch's own dtype casts (float32 inputs, so each cast rounds once);
 - FP32: torch's float64 -> float32 cast;
 - TF32: rounding the float32 bit pattern to 10 mantissa bits with integer arithmetic;
-- any small format: brute force over ``representable_values`` (nearest value, ties to the even
+- any small format: brute force over ``nonnegative_values`` (nearest value, ties to the even
   code), itself checked against the codes of the torch dtypes.
 """
 
@@ -23,9 +23,10 @@ from tutorial_lib.formats import (
     FP32,
     TF32,
     FloatFormat,
+    finite_values,
     format_table,
     get_format,
-    representable_values,
+    nonnegative_values,
     round_to_format,
 )
 
@@ -164,7 +165,7 @@ def test_tf32_matches_bit_rounding() -> None:
 def test_fp8_values_match_torch_codes(fmt: FloatFormat, dtype: torch.dtype) -> None:
     codes = all_codes(dtype).double()
     expected = torch.unique(codes[torch.isfinite(codes)])
-    assert torch.equal(representable_values(fmt, positive_only=False), expected)
+    assert torch.equal(finite_values(fmt), expected)
     assert fmt.max == expected.max().item()
 
 
@@ -206,8 +207,8 @@ def test_saturate_clamps_and_keeps_nan() -> None:
 
 
 def brute_force(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    """Nearest value of ``representable_values`` (ties: even code index); past max: overflow."""
-    values = representable_values(fmt)
+    """Nearest value of ``nonnegative_values`` (ties: even code index); past max: overflow."""
+    values = nonnegative_values(fmt)
     top = values[-1] + 2.0 ** (fmt.emax - fmt.man_bits)  # the first code past max
     grid = torch.cat([values, top[None]])
     a = x.abs()
@@ -228,7 +229,7 @@ def test_small_formats_match_brute_force(exp_bits: int, man_bits: int, encoding:
     fmt = FloatFormat(
         "x", exp_bits, man_bits, ieee_special=encoding == "ieee", nan_encoding=encoding
     )
-    values = representable_values(fmt)
+    values = nonnegative_values(fmt)
     top = values[-1] + 2.0 ** (fmt.emax - fmt.man_bits)
     ext = torch.cat([values, top[None]])
     mids = (ext[:-1] + ext[1:]) / 2
@@ -285,20 +286,20 @@ def test_spacing() -> None:
     assert FP16.spacing(1e-6) == FP16.spacing(0.0) == 2.0**-24  # subnormal: constant gap
     assert FP16.spacing(7e4) == INF and math.isnan(FP16.spacing(NAN))
     assert BF16.spacing(256.0) == 2.0 and FP32.spacing(1.0) == 2.0**-23
-    values = representable_values(FP16)
+    values = nonnegative_values(FP16)
     gaps = values[1:] - values[:-1]
     assert [FP16.spacing(v) for v in values[:-1].tolist()] == gaps.tolist()
 
 
-def test_representable_values() -> None:
-    fp16 = representable_values(FP16)
+def test_nonnegative_and_finite_values() -> None:
+    fp16 = nonnegative_values(FP16)
     assert len(fp16) == 31744 and fp16[0] == 0 and fp16[-1] == 65504.0
     assert torch.all(fp16[1:] > fp16[:-1])
-    both = representable_values(BF16, positive_only=False)
+    both = finite_values(BF16)
     codes = all_codes(torch.bfloat16).double()
     assert torch.equal(both, torch.unique(codes[torch.isfinite(codes)]))
     with pytest.raises(ValueError, match="at most 16 bits; TF32 has 19"):
-        representable_values(TF32)
+        nonnegative_values(TF32)
 
 
 def test_format_table_rows() -> None:

@@ -22,9 +22,9 @@ from tutorial_lib.fp8 import (
     FP8_FORMATS,
     FP8Format,
     dequantize,
+    finite_fp8_values,
     get_fp8_format,
     quantize,
-    representable_values,
 )
 
 FORMATS = [E4M3, E5M2]
@@ -121,10 +121,12 @@ def test_quantize_reproduces_every_code(fmt: FP8Format) -> None:
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
-def test_representable_values(fmt: FP8Format) -> None:
+def test_finite_fp8_values(fmt: FP8Format) -> None:
     values = decoded(fmt)
     finite = sorted({v for v in values.tolist() if math.isfinite(v)})  # -0 == 0 merges
-    assert representable_values(fmt).tolist() == finite
+    assert finite_fp8_values(fmt).tolist() == finite
+    for alias in (fmt.name.lower(), fmt.torch_dtype):  # the format by name or dtype
+        assert finite_fp8_values(alias).tolist() == finite
     assert len(finite) == (253 if fmt is E4M3 else 247)
 
 
@@ -149,7 +151,7 @@ def test_specials_saturate_and_keep_nan(fmt: FP8Format) -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 def test_ties_round_to_even(fmt: FP8Format) -> None:
-    v = representable_values(fmt)
+    v = finite_fp8_values(fmt)
     mids = ((v[1:] + v[:-1]) / 2).float()  # exact in float32: FP8 values have few bits
     assert torch.equal(mids.double(), (v[1:] + v[:-1]) / 2)
     got = quantize(mids, fmt, 1.0)

@@ -101,7 +101,7 @@ def test_bad_efficiency(kwargs: dict[str, float]) -> None:
 
 
 def test_bad_inputs() -> None:
-    with pytest.raises(ValueError, match="sizes"):
+    with pytest.raises(ValueError, match="tokens must be a positive integer, got 0"):
         linear_layer_cost(0, 16, 16, H100)
     with pytest.raises(ValueError, match="fp8"):
         linear_layer_cost(16, 16, 16, SPECS["A100"])  # no FP8 tensor cores

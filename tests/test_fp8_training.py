@@ -3,7 +3,6 @@ checkpoints that resume bit for bit, and the CLI."""
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from tutorial_lib.__main__ import main
+from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8 import (
@@ -43,7 +43,8 @@ def _trainer(
         progress=False,
         seed=0,
     )
-    return Trainer(copy.deepcopy(model), data, cfg, device="cpu", out_dir=out)
+    built = build_model(model.config, precision=precision, weights=model.state_dict())
+    return Trainer(built, data, cfg, device="cpu", out_dir=out)
 
 
 @pytest.fixture

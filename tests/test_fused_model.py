@@ -1,5 +1,6 @@
-"""The GPT on our Triton kernels (``kernels.fused``) and under ``torch.compile``: same function,
-same parameters, same training, alone and combined with BF16 and FP8.
+"""The GPT on our Triton kernels (``kernels.fused``) and under ``torch.compile``, built by
+``build_model``: same function, same parameters, same training, alone and combined with BF16 and
+FP8; and the Trainer refuses a model built for another precision.
 
 Kernels run in Triton's interpreter here (no GPU); compiled steps use Inductor's C++ backend.
 """
@@ -13,19 +14,21 @@ import torch
 from conftest import TINY
 from torch import nn
 
+from tutorial_lib.build import ModelRecipe, build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8.linear import FP8Linear
 from tutorial_lib.fp8.policy import FP8_LOSS_TOLERANCE
 from tutorial_lib.kernels.fused import (
+    AddNormBlock,
+    BiasGELUMLP,
     TritonCrossEntropy,
     TritonGELU,
     TritonLayerNorm,
     TritonLayers,
-    use_triton_kernels,
 )
 from tutorial_lib.layers import GELU, CrossEntropy
-from tutorial_lib.model import GPT
+from tutorial_lib.model import GPT, MLP
 from tutorial_lib.precision import BF16_LOSS_TOLERANCE
 from tutorial_lib.train import TrainConfig, Trainer
 
@@ -70,24 +73,23 @@ def test_fused_forward_and_gradients_match_eager() -> None:
         torch.testing.assert_close(pf.grad, pe.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_use_triton_kernels_swaps_in_place_and_shares_parameters() -> None:
-    torch.manual_seed(0)
-    model = GPT(TINY)
-    before = {name: p for name, p in model.named_parameters()}
-    out = use_triton_kernels(model)
-    assert out is model
-    assert {name: p for name, p in model.named_parameters()} == before  # the same objects
-    kinds = {type(m) for m in model.modules()}
+def test_build_model_fused_has_the_eager_weights_and_no_eager_modules() -> None:
+    eager = build_model(TINY, seed=0)
+    fused = build_model(TINY, fused=True, seed=0)
+    assert fused.recipe == ModelRecipe(precision="fp32", fused=True)
+    for (name, pe), (_, pf) in zip(eager.named_parameters(), fused.named_parameters(), strict=True):
+        assert torch.equal(pe, pf), name  # same seed, same initial weights
+    kinds = {type(m) for m in fused.modules()}
     assert nn.LayerNorm not in kinds and GELU not in kinds and CrossEntropy not in kinds
-    assert sum(isinstance(m, TritonLayerNorm) for m in model.modules()) == 2 * TINY.n_layer + 1
+    assert sum(isinstance(m, TritonLayerNorm) for m in fused.modules()) == 2 * TINY.n_layer + 1
+    assert all(type(b) is AddNormBlock and type(b.mlp) is BiasGELUMLP for b in fused.blocks)
 
 
-def test_layernorm_without_bias_swaps_too() -> None:
+def test_layernorm_without_bias_builds_too() -> None:
     cfg = GPTConfig(vocab_size=256, block_size=29, n_layer=1, n_head=3, n_embd=36, bias=False)
-    torch.manual_seed(0)
-    eager = GPT(cfg)
-    fused = use_triton_kernels(GPT(cfg))
-    fused.load_state_dict(eager.state_dict())
+    eager = build_model(cfg, seed=0)
+    fused = build_model(cfg, fused=True, seed=0)
+    assert type(fused.blocks[0].mlp) is MLP  # no fc bias to fold into the GELU kernel
     x, y = _batch(cfg)
     torch.testing.assert_close(fused(x, y)[1], eager(x, y)[1], rtol=1e-5, atol=1e-6)
 
@@ -95,7 +97,6 @@ def test_layernorm_without_bias_swaps_too() -> None:
 def _train(
     data: TokenData, precision: str, steps: int, cfg: GPTConfig = TINY, **opts: bool
 ) -> Trainer:
-    torch.manual_seed(0)
     tc = TrainConfig(
         steps=steps,
         batch_size=4,
@@ -104,11 +105,22 @@ def _train(
         eval_every=0,
         precision=precision,
         progress=False,
-        **opts,
     )
-    trainer = Trainer(GPT(cfg), data, tc, device="cpu")
+    model = build_model(cfg, precision=precision, device="cpu", seed=0, **opts)
+    trainer = Trainer(model, data, tc, device="cpu")
     trainer.train()
     return trainer
+
+
+def test_trainer_refuses_a_model_built_for_another_precision(
+    data_factory: Callable[..., TokenData],
+) -> None:
+    tc = TrainConfig(steps=1, batch_size=2, eval_every=0, precision="fp8", progress=False)
+    data = data_factory(block_size=FP8_CFG.block_size)
+    with pytest.raises(ValueError, match=r"build_model\(cfg, precision='fp8'\)"):
+        Trainer(GPT(FP8_CFG), data, tc, device="cpu")  # plain Linear layers: no FP8 GEMMs
+    with pytest.raises(ValueError, match="built for precision 'bf16'.*precision is 'fp8'"):
+        Trainer(build_model(FP8_CFG, precision="bf16"), data, tc, device="cpu")
 
 
 def _losses(trainer: Trainer) -> list[float]:
@@ -151,6 +163,7 @@ def test_fused_combines_with_fp8(data_factory: Callable[..., TokenData]) -> None
     both = _train(data_factory(block_size=FP8_CFG.block_size), "fp8", 3, cfg=FP8_CFG, fused=True)
     mlp = both.model.blocks[0].mlp
     assert isinstance(mlp.fc, FP8Linear) and isinstance(mlp.act, TritonGELU)
+    assert type(mlp) is MLP  # the FP8 GEMM adds fc's bias: not folded into the GELU kernel
     assert isinstance(both.model.blocks[0].ln2, TritonLayerNorm)
     for a, b in zip(_losses(both), _losses(fp8), strict=True):
         assert abs(a - b) < FP8_LOSS_TOLERANCE

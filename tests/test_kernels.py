@@ -524,6 +524,27 @@ def test_package_imports_without_triton() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU interpreter set-up")
+@pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("0", "0"), ("1", "1")])
+def test_import_chooses_the_interpreter_without_cuda(given: str | None, expected: str) -> None:
+    """``import tutorial_lib`` sets TRITON_INTERPRET=1 before Triton is imported, and leaves an
+    explicit setting alone; importing the kernels afterwards changes nothing."""
+    code = (
+        "import os, sys\n"
+        "import tutorial_lib\n"
+        "assert 'triton' not in sys.modules or 'TRITON_INTERPRET' in os.environ\n"
+        "first = os.environ['TRITON_INTERPRET']\n"
+        "import tutorial_lib.kernels\n"
+        "print(first, os.environ['TRITON_INTERPRET'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if given is not None:
+        env["TRITON_INTERPRET"] = given
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [expected, expected]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU interpreter set-up")
 def test_interpreter_works_when_triton_was_imported_first() -> None:
     """``tl.sum`` and friends were decorated before TRITON_INTERPRET was set; runtime must
     re-decorate them, or every kernel that reduces fails in the interpreter."""

@@ -1,4 +1,4 @@
-"""Tests for tutorial_lib.parallel.explore: the chapter 9 plan explorer."""
+"""Tests for tutorial_lib.cluster.explore: the chapter 9 plan explorer."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from tutorial_lib.parallel.explore import explore_job, explore_plan, plan_explorer  # noqa: E402
-from tutorial_lib.parallel.planner import POLICIES  # noqa: E402
+from tutorial_lib.cluster.explore import explore_job, explore_plan, plan_explorer  # noqa: E402
+from tutorial_lib.cluster.plan_options import PLAN_POLICIES  # noqa: E402
 
 
 def test_no_failures_keeps_full_throughput() -> None:
-    for policy in POLICIES:
+    for policy in PLAN_POLICIES:
         s, fig = explore_plan(4096, 32, 32, 0.0, policy, samples=2)
         plt.close(fig)
         assert s["relative_throughput"] == pytest.approx(1.0)
@@ -26,7 +26,7 @@ def test_no_failures_keeps_full_throughput() -> None:
 @pytest.mark.parametrize(("gpus", "domain", "tp"), [(32768, 32, 32), (4096, 64, 16), (1024, 8, 8)])
 def test_policies_are_ordered(gpus: int, domain: int, tp: int) -> None:
     thr = {}
-    for policy in POLICIES:
+    for policy in PLAN_POLICIES:
         s, fig = explore_plan(gpus, domain, tp, 0.003, policy, seed=1, samples=2)
         plt.close(fig)
         assert 0 < s["relative_throughput"] <= 1

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,9 +25,7 @@ from tutorial_lib.perf import (
     tokens_per_second,
 )
 from tutorial_lib.perf import timing as timing_mod
-
-if TYPE_CHECKING:
-    from conftest import FakeStream
+from tutorial_lib.perf.timing import naive_time, synced_time
 
 # ---- benchmark -----------------------------------------------------------------------------
 
@@ -45,10 +42,47 @@ def test_benchmark_counts_calls_and_summarises() -> None:
     assert "7 runs on cpu" in str(result)
 
 
-def test_benchmark_measures_a_known_sleep() -> None:
-    result = benchmark(lambda: time.sleep(0.01), warmup=1, iters=5, device="cpu")
-    assert 0.009 <= result.median <= 0.05
-    assert result.min >= 0.009  # sleep never returns early
+class VirtualDevice:
+    """A deterministic asynchronous device on a virtual clock: ``launch(seconds)`` queues work
+    and returns at once (no time passes on the host), ``synchronize`` moves the host clock to
+    the end of the queued work, ``perf_counter`` reads the host clock. Patched into ``timing``,
+    it makes every measured time exact, however loaded the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0  # the host's clock
+        self.busy_until = 0.0  # when the queued work finishes
+        self.syncs = 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def host_work(self, seconds: float) -> None:
+        self.now += seconds
+
+    def launch(self, seconds: float) -> None:
+        self.busy_until = max(self.busy_until, self.now) + seconds
+
+    def synchronize(self, device: object = None) -> None:
+        self.syncs += 1
+        self.now = max(self.now, self.busy_until)
+
+
+@pytest.fixture
+def virtual(monkeypatch: pytest.MonkeyPatch) -> VirtualDevice:
+    dev = VirtualDevice()
+    monkeypatch.setattr(timing_mod, "time", SimpleNamespace(perf_counter=dev.perf_counter))
+    monkeypatch.setattr(timing_mod, "synchronize", dev.synchronize)
+    return dev
+
+
+def test_benchmark_times_each_call_on_the_clock(virtual: VirtualDevice) -> None:
+    """Each timed call gets exactly its own duration; the warm-up calls are run but not timed."""
+    durations = iter([5.0, 7.0] + [0.03, 0.01, 0.02, 0.05, 0.04])  # 2 warm-up, then 5 timed
+    result = benchmark(lambda: virtual.host_work(next(durations)), warmup=2, iters=5, device="cpu")
+    assert result.times == pytest.approx((0.03, 0.01, 0.02, 0.05, 0.04), abs=1e-12)
+    assert (result.min, result.median, result.max) == pytest.approx((0.01, 0.03, 0.05))
+    assert next(durations, None) is None  # every call ran, none twice
+    assert virtual.now == pytest.approx(12.15)
 
 
 @pytest.mark.parametrize(("warmup", "iters"), [(0, 0), (3, -1), (-1, 5)])
@@ -57,25 +91,19 @@ def test_benchmark_rejects_bad_counts(warmup: int, iters: int) -> None:
         benchmark(lambda: None, warmup=warmup, iters=iters, device="cpu")
 
 
-def test_fake_stream_is_asynchronous(stream: FakeStream) -> None:
-    """The control: timing a launch without synchronising sees (almost) none of the work."""
-    t0 = time.perf_counter()
-    stream.launch(0.05)
-    assert time.perf_counter() - t0 < 0.025
-    stream.synchronize()
-    assert time.perf_counter() - t0 >= 0.05
+def test_naive_timing_sees_only_the_launch(virtual: VirtualDevice) -> None:
+    """The control: timing a launch without synchronising sees none of the work."""
+    assert naive_time(lambda: virtual.launch(0.05)) == 0.0
+    assert synced_time(lambda: virtual.launch(0.05), "cpu") == pytest.approx(0.05)
 
 
-def test_benchmark_waits_for_asynchronous_work(
-    stream: FakeStream, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(timing_mod, "synchronize", stream.synchronize)
+def test_benchmark_waits_for_asynchronous_work(virtual: VirtualDevice) -> None:
     work = 0.02
-    result = benchmark(lambda: stream.launch(work), warmup=8, iters=5, device="cpu")
-    # Each timed call includes its own work, because benchmark synchronises inside the timing...
-    assert result.min >= 0.95 * work
-    # ...and none of the warm-up's queued work (8 x 20 ms), because it synchronises after it.
-    assert result.max < 6 * work
+    result = benchmark(lambda: virtual.launch(work), warmup=8, iters=5, device="cpu")
+    # Each timed call includes its own work, because benchmark synchronises inside the timing,
+    # and none of the warm-up's queued work (8 x 20 ms), because it synchronises after it.
+    assert result.times == pytest.approx((work,) * 5, abs=1e-12)
+    assert virtual.syncs == 1 + 5  # once after the warm-up, once per timed call
 
 
 # ---- throughput and MFU --------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Tests for tutorial_lib.fp8.te_backend, the ``te-fp8``/``te-fp8-fused`` Transformer Engine
-backend.
+"""Tests for the ``te-fp8``/``te-fp8-fused`` Transformer Engine backend of tutorial_lib.fp8
+(``te_contract``, ``te_convert``, ``te_policy``).
 
 Three groups:
     - without TE (every machine here): the module imports, reports TE missing, fails clearly;
@@ -31,27 +31,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.fp8 import te_backend
 from tutorial_lib.fp8.policy import FP8_LOSS_TOLERANCE
-from tutorial_lib.fp8.te_backend import (
+from tutorial_lib.fp8.te_contract import TE_FWD_INDEX, TE_PARAMETER_NAMES
+from tutorial_lib.fp8.te_convert import TEFusedMLP, TELayers, convert_to_te, fp8_shape_problems
+from tutorial_lib.fp8.te_policy import (
     TE_FUSED_POLICY_NAME,
-    TE_PARAMETER_NAMES,
     TE_POLICY_NAME,
-    TEFusedMLP,
-    TELayers,
     check_te_fp8_device,
-    convert_to_te,
-    fp8_shape_problems,
     make_te_policy,
     register_te_policy,
     te_autocast,
-    te_available,
     te_recipe,
     te_recipe_kwargs,
     te_scaling_state,
 )
+from tutorial_lib.hardware import te_available
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import (
     POLICIES,
@@ -718,7 +715,8 @@ def _train(
         progress=False,
         seed=0,
     )
-    trainer = Trainer(copy.deepcopy(model), data, cfg, device=device)
+    built = build_model(model.config, precision=policy, weights=model.state_dict(), device=device)
+    trainer = Trainer(built, data, cfg, device=device)
     weights = {n: m.weight for n, m in trainer.model.named_modules() if n.endswith(("qkv", "fc"))}
     amaxes = []
     for _ in range(GPU_STEPS):
@@ -783,7 +781,7 @@ def test_te_fp8_matches_bf16_and_ours(
         pytest.skip("our 'fp8' policy is not registered (tutorial_lib.fp8 has not added it yet)")
     our_losses, our_model, _ = _train(ours, model, data(), device)
     assert max(abs(a - b) for a, b in zip(te_losses, our_losses, strict=True)) < FP8_LOSS_TOLERANCE
-    w = te_backend.TE_FWD_INDEX["weight"]
+    w = TE_FWD_INDEX["weight"]
     for name in seen[0]:
         our_state = _our_scaling_state(our_model.get_submodule(name))
         if our_state is None:
@@ -838,7 +836,7 @@ def _check_te_scaling_state(
     fwd, bwd = state["forward"], state["backward"]
     assert fwd["amax_history"].shape == (GPU_HISTORY, 3), name
     assert bwd["amax_history"].shape == (GPU_HISTORY, 2), name
-    weight_rows = fwd["amax_history"][-GPU_STEPS:, te_backend.TE_FWD_INDEX["weight"]].cpu()
+    weight_rows = fwd["amax_history"][-GPU_STEPS:, TE_FWD_INDEX["weight"]].cpu()
     expected = torch.tensor([step[name] for step in seen])
     torch.testing.assert_close(weight_rows, expected, rtol=1e-2, atol=0)  # FP32 or BF16 max|W|
     for group, fp8_max in ((fwd, 448.0), (bwd, 57344.0)):  # HYBRID: E4M3 forward, E5M2 backward

@@ -1,13 +1,13 @@
-"""Contract test: the Transformer Engine API that ``te_backend`` uses exists in the pinned TE.
+"""Contract test: the Transformer Engine API that the TE backend uses exists in the pinned TE.
 
 TE cannot be imported without its CUDA core, so this reads TE's Python source, unpacked by
 ``scripts/fetch_te_source.py`` into ``.cache/te/<version>/``, with ``ast``; nothing is imported.
-What is checked comes from ``tutorial_lib.fp8.te_backend``: every callable in ``TE_API_USED``
+What is checked comes from ``tutorial_lib.fp8.te_contract``: every callable in ``TE_API_USED``
 accepts the keyword arguments we pass, every name in ``TE_API_NAMED`` exists, the defaults in
 ``TE_DEFAULTS_ASSUMED`` hold, the modules register the parameters ``TE_PARAMETER_NAMES`` copies
-weights into, and the ``Format`` members exist. A further test checks that
-``te_backend.py`` passes TE no keyword that ``TE_API_USED`` does not declare, so the contract
-grows with the backend.
+weights into, and the ``Format`` members exist. A further test checks that the backend's
+modules (``te_contract``, ``te_convert``, ``te_policy``) pass TE no keyword that ``TE_API_USED``
+does not declare, so the contract grows with the backend.
 
 A missing cache is a failure telling you to run the fetch script, unless ``TUTORIAL_OFFLINE=1``.
 """
@@ -23,7 +23,7 @@ from types import ModuleType
 
 import pytest
 
-from tutorial_lib.fp8 import te_backend
+from tutorial_lib.fp8 import te_contract, te_convert, te_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 FETCH_SCRIPT = ROOT / "scripts" / "fetch_te_source.py"
@@ -261,39 +261,39 @@ def test_wheel_carries_the_pytorch_api_source(te_tree: SourceTree) -> None:
         assert (te_tree.root / required).is_file(), required
 
 
-@pytest.mark.parametrize("qualname", sorted(te_backend.TE_API_USED))
+@pytest.mark.parametrize("qualname", sorted(te_contract.TE_API_USED))
 def test_used_callables_accept_our_keywords(te_tree: SourceTree, qualname: str) -> None:
     found = te_tree.resolve(qualname)
     assert found is not None, f"{qualname} does not exist in TE at {te_tree.root.name}"
     params = te_tree.params(found)
-    unknown = set(te_backend.TE_API_USED[qualname]) - set(params.names)
+    unknown = set(te_contract.TE_API_USED[qualname]) - set(params.names)
     assert not unknown, f"{qualname} takes no {sorted(unknown)}; it takes {sorted(params.names)}"
 
 
-@pytest.mark.parametrize("qualname", te_backend.TE_API_NAMED)
+@pytest.mark.parametrize("qualname", te_contract.TE_API_NAMED)
 def test_named_api_exists(te_tree: SourceTree, qualname: str) -> None:
     assert te_tree.resolve(qualname) is not None, f"{qualname} is gone from {te_tree.root.name}"
 
 
-@pytest.mark.parametrize("qualname", sorted(te_backend.TE_DEFAULTS_ASSUMED))
+@pytest.mark.parametrize("qualname", sorted(te_contract.TE_DEFAULTS_ASSUMED))
 def test_assumed_defaults_hold(te_tree: SourceTree, qualname: str) -> None:
     found = te_tree.resolve(qualname)
     assert found is not None, qualname
     params = te_tree.params(found)
-    for name, expected in te_backend.TE_DEFAULTS_ASSUMED[qualname].items():
+    for name, expected in te_contract.TE_DEFAULTS_ASSUMED[qualname].items():
         assert name in params.names, f"{qualname} has no parameter {name!r}"
         actual = params.names[name]
         assert actual is not None and _same_source(actual, expected), (
-            f"{qualname}({name}=...) defaults to {actual}, te_backend assumes {expected}"
+            f"{qualname}({name}=...) defaults to {actual}, te_contract assumes {expected}"
         )
 
 
-@pytest.mark.parametrize("qualname", sorted(te_backend.TE_PARAMETER_NAMES))
+@pytest.mark.parametrize("qualname", sorted(te_contract.TE_PARAMETER_NAMES))
 def test_modules_register_the_parameters_we_copy_into(te_tree: SourceTree, qualname: str) -> None:
     found = te_tree.resolve(qualname)
     assert found is not None, qualname
     registered = te_tree.parameter_names(found)
-    missing = set(te_backend.TE_PARAMETER_NAMES[qualname]) - registered
+    missing = set(te_contract.TE_PARAMETER_NAMES[qualname]) - registered
     assert not missing, f"{qualname} registers no {sorted(missing)}; it has {sorted(registered)}"
 
 
@@ -317,9 +317,9 @@ def test_te_gelu_is_the_tanh_approximation(te_tree: SourceTree) -> None:
     assert any("approximate='tanh'" in ast.unparse(v) for v in onnx_gelu), "no tanh gelu mapping"
 
 
-@pytest.mark.parametrize("qualname", sorted(te_backend.TE_ENUM_MEMBERS))
+@pytest.mark.parametrize("qualname", sorted(te_contract.TE_ENUM_MEMBERS))
 def test_enum_members_exist(te_tree: SourceTree, qualname: str) -> None:
-    for member in te_backend.TE_ENUM_MEMBERS[qualname]:
+    for member in te_contract.TE_ENUM_MEMBERS[qualname]:
         assert te_tree.resolve(f"{qualname}.{member}") is not None, f"{qualname}.{member}"
 
 
@@ -365,8 +365,11 @@ def _te_calls(source: str) -> list[tuple[str, set[str], int]]:
 
 
 def test_backend_calls_are_declared() -> None:
-    source = Path(te_backend.__file__).read_text()
-    calls = _te_calls(source)
+    calls = [
+        call
+        for module in (te_contract, te_convert, te_policy)
+        for call in _te_calls(Path(module.__file__).read_text())
+    ]
     assert {q for q, _, _ in calls} >= {
         "transformer_engine.pytorch.Linear",
         "transformer_engine.pytorch.LayerNorm",
@@ -377,7 +380,7 @@ def test_backend_calls_are_declared() -> None:
         "transformer_engine.common.recipe.DelayedScaling",
     }
     for qualname, keywords, n_positional in calls:
-        assert qualname in te_backend.TE_API_USED, f"{qualname} is called but not declared"
+        assert qualname in te_contract.TE_API_USED, f"{qualname} is called but not declared"
         assert n_positional == 0, f"{qualname} is called with positional arguments"
-        undeclared = keywords - set(te_backend.TE_API_USED[qualname])
+        undeclared = keywords - set(te_contract.TE_API_USED[qualname])
         assert not undeclared, f"{qualname} gets undeclared keywords {sorted(undeclared)}"

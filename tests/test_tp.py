@@ -134,7 +134,7 @@ def dist_results(
 def _run_dist_checks(corpus: bytes) -> dict[str, Any]:
     model, batch = _model_and_batch()
     sd = model.state_dict()
-    jobs: dict[str, workers.Job] = {
+    jobs: dict[str, workers.WorkerJob] = {
         "ops4": ((0, 1, 2, 3), workers.operators_check, (OP_SHAPE,)),
         "ops3": ((1, 2, 3), workers.operators_check, ((2, 6, 3),)),
         "column": (

@@ -1,4 +1,4 @@
-"""Tests for ``parallel.cost``: the TP communication model against hand-computed numbers."""
+"""Tests for ``cluster.tp_traffic``: the TP communication model against hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from tutorial_lib.hardware import SPECS
-from tutorial_lib.parallel.cost import (
+from tutorial_lib.cluster.tp_traffic import (
     LINKS,
     link_ridge,
     ring_allreduce_bytes,
@@ -17,6 +16,7 @@ from tutorial_lib.parallel.cost import (
     tp_layer_times,
     tp_network_intensity,
 )
+from tutorial_lib.hardware import SPECS
 
 NVLINK, IB = LINKS["NVLink 4 (H100/H200 SXM)"], LINKS["InfiniBand NDR (one 400 Gb/s port per GPU)"]
 

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tutorial_lib import train as train_mod
-from tutorial_lib.config import GPTConfig
+from tutorial_lib.build import build_model
+from tutorial_lib.config import PRESETS, GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import POLICIES, PrecisionPolicy
@@ -349,6 +350,27 @@ def test_load_rejects_other_model_config(tiny_cfg: GPTConfig, tiny_data: TokenDa
     with pytest.raises(ValueError, match="model config differs"):
         other.load_state_dict(state)
     assert other.step == 0
+
+
+def test_load_rejects_a_checkpoint_of_another_precision(
+    tiny_cfg: GPTConfig, tiny_data: TokenData
+) -> None:
+    state = _trainer(tiny_cfg, tiny_data, _cfg()).state_dict()
+    assert state["model_recipe"]["precision"] == "fp32"
+    bf16 = Trainer(build_model(tiny_cfg, precision="bf16"), tiny_data, _cfg(precision="bf16"))
+    with pytest.raises(ValueError, match="trained in precision 'fp32'.*--precision fp32"):
+        bf16.load_state_dict(state)
+    assert bf16.step == 0
+
+
+def test_preset_train_config_keeps_warmup_inside_the_run() -> None:
+    preset = PRESETS["ci"]
+    cfg = TrainConfig.from_preset(preset, steps=3, eval_every=0, precision="bf16")
+    assert (cfg.steps, cfg.batch_size, cfg.lr) == (3, preset.batch_size, preset.lr)
+    assert cfg.warmup_steps == min(preset.warmup_steps, 3) and cfg.eval_every == 0
+    assert TrainConfig.from_preset(preset).steps == preset.steps
+    with pytest.raises(TypeError):
+        TrainConfig.from_preset(preset, compile=True)  # not a training setting: build_model's
 
 
 def test_load_rejects_foreign_state(tiny_cfg: GPTConfig, tiny_data: TokenData) -> None:

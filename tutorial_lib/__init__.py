@@ -9,11 +9,14 @@ import torch as _torch
 
 # Triton picks interpreter or compiled mode when a kernel (or its own library, e.g. tl.sum) is
 # decorated, and torch.utils.flop_counter imports Triton's library as a side effect. So the choice
-# for a machine without CUDA (kernels run in Triton's CPU interpreter) is made here, first; see
-# tutorial_lib/kernels/runtime.py, which also copes with Triton imported before this package.
+# for a machine without CUDA (kernels run in Triton's CPU interpreter) is made here, before this
+# package imports anything that may import Triton, and nowhere else. An explicit TRITON_INTERPRET
+# (0 or 1) is left alone. tutorial_lib/kernels/runtime.py copes with Triton imported before this
+# package (it re-decorates Triton's library for the interpreter).
 if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"
 
+from .build import ModelRecipe, build_model
 from .config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
 from .data import ByteTokenizer, TokenData, load_corpus, make_data, synthetic_batch
 from .hardware import SPECS, DeviceInfo, DeviceSpec, describe_device
@@ -40,6 +43,8 @@ __all__ = [
     "DeviceInfo",
     "describe_device",
     "GPT",
+    "build_model",
+    "ModelRecipe",
     "PrecisionPolicy",
     "available_policies",
     "get_policy",

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     ntp = sub.add_parser("ntp-reproduce", help="the NTP paper's failure figures, simulated")
-    ntp.add_argument("--json", action="store_true", help="print JSON (keys: parallel.planner)")
+    ntp.add_argument("--json", action="store_true", help="print JSON (keys: cluster.reproduce)")
     ntp.add_argument("--seed", type=int, default=0)
     ntp.add_argument("--samples", type=_positive_int, default=32, help="Monte Carlo repetitions")
     ntp.add_argument("--quick", action="store_true", help="fewer points and one trace (tests)")
@@ -164,8 +164,8 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from .build import build_model
     from .data import make_data
-    from .model import GPT
     from .train import TrainConfig, Trainer
 
     preset = get_preset(args.preset)
@@ -175,33 +175,39 @@ def _train(args: argparse.Namespace) -> int:
         if args.model is None
         else GPTConfig.from_name(args.model, vocab_size=256)
     )
-    cfg = TrainConfig(
-        steps=args.steps or preset.steps,
-        batch_size=args.batch_size or preset.batch_size,
+    cfg = TrainConfig.from_preset(
+        preset,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
         grad_accum=args.grad_accum,
-        lr=args.lr or preset.lr,
-        warmup_steps=min(preset.warmup_steps, args.steps or preset.steps),
-        eval_every=preset.eval_every,
-        eval_iters=preset.eval_iters,
         checkpoint_every=args.checkpoint_every,
         precision=args.precision,
-        fused=args.fused,
-        compile=args.compile,
         seed=args.seed,
         progress=not args.no_progress,
     )
     data = make_data(model_cfg.block_size, path=args.data, seed=args.seed)
-    torch.manual_seed(args.seed)  # every TP rank builds the same full model, then takes its shard
     if args.tp > 1:
         if args.resume:
             raise ValueError("--resume does not combine with --tp yet (sharded optimizer state).")
+        if args.fused or args.compile:
+            raise ValueError("--tp does not combine with --fused or --compile yet.")
         from .parallel.launch import tensor_parallel_trainer
 
         trainer: Trainer = tensor_parallel_trainer(
-            GPT(model_cfg), data, cfg, args.tp, device=args.device, out_dir=args.out
+            model_cfg, data, cfg, args.tp, device=args.device, out_dir=args.out, seed=args.seed
         )
     else:
-        trainer = Trainer(GPT(model_cfg), data, cfg, device=args.device, out_dir=args.out)
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = build_model(
+            model_cfg,
+            precision=args.precision,
+            fused=args.fused,
+            compile=args.compile,
+            device=device,
+            seed=args.seed,
+        )
+        trainer = Trainer(model, data, cfg, device=device, out_dir=args.out)
     ckpt = args.out / "checkpoint.pt"
     if args.resume and ckpt.exists():
         trainer.resume(ckpt)
@@ -269,7 +275,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _ntp_reproduce(args: argparse.Namespace) -> int:
-    from .parallel.planner import format_report, ntp_reproduce
+    from .cluster import format_report, ntp_reproduce
 
     report = ntp_reproduce(seed=args.seed, samples=args.samples, quick=args.quick)
     print(json.dumps(report, indent=2) if args.json else format_report(report))

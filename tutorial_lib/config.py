@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .checks import check_positive_ints
+
 __all__ = [
     "GPTConfig",
     "MODEL_SIZES",
@@ -52,13 +54,7 @@ class GPTConfig:
     bias: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(
-                    f"GPTConfig.{name} must be a positive integer, got {value!r}. "
-                    "Pick a size >= 1 (see GPTConfig.from_name for named sizes)."
-                )
+        check_positive_ints(self, ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"))
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "

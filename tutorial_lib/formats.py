@@ -31,12 +31,13 @@ __all__ = [
     "FORMATS",
     "get_format",
     "round_to_format",
-    "representable_values",
+    "nonnegative_values",
+    "finite_values",
     "format_table",
 ]
 
 NAN_ENCODINGS = ("ieee", "fn", "fnuz")
-MAX_ENUMERABLE_BITS = 16  # representable_values lists at most 2**16 codes
+MAX_ENUMERABLE_BITS = 16  # nonnegative_values/finite_values list at most 2**16 codes
 
 
 @dataclass(frozen=True)
@@ -203,15 +204,14 @@ def round_to_format(
     return out
 
 
-def representable_values(fmt: FloatFormat, positive_only: bool = True) -> torch.Tensor:
-    """Every finite value of ``fmt``, sorted, as float64 (zero once; no inf or NaN).
+def nonnegative_values(fmt: FloatFormat) -> torch.Tensor:
+    """Every finite value of ``fmt`` that is >= 0, sorted, as float64 (zero once; no inf or NaN).
 
-    ``positive_only`` returns the values >= 0; otherwise their negatives too. Only for formats of
-    at most 16 bits (FP16, BF16, FP8), which have at most 65536 codes.
+    Only for formats of at most 16 bits (FP16, BF16, FP8), which have at most 65536 codes.
     """
     if fmt.total_bits > MAX_ENUMERABLE_BITS:
         raise ValueError(
-            f"representable_values enumerates formats of at most {MAX_ENUMERABLE_BITS} bits; "
+            f"Value lists cover formats of at most {MAX_ENUMERABLE_BITS} bits; "
             f"{fmt.name} has {fmt.total_bits} (2**{fmt.total_bits} codes)."
         )
     fraction = torch.arange(2**fmt.man_bits, dtype=torch.float64)  # the integer mantissa
@@ -219,9 +219,15 @@ def representable_values(fmt: FloatFormat, positive_only: bool = True) -> torch.
     for e in range(fmt.emin, fmt.emax + 1):
         binades.append((2**fmt.man_bits + fraction) * 2.0 ** (e - fmt.man_bits))
     values = torch.cat(binades)
-    values = values[values <= fmt.max]  # under "fn" the last code of the top binade is NaN
-    if positive_only:
-        return values
+    return values[values <= fmt.max]  # under "fn" the last code of the top binade is NaN
+
+
+def finite_values(fmt: FloatFormat) -> torch.Tensor:
+    """Every finite value of ``fmt``, negatives included, sorted, as float64 (zero once).
+
+    ``nonnegative_values`` mirrored around zero; the same 16-bit limit.
+    """
+    values = nonnegative_values(fmt)
     return torch.cat([-values[1:].flip(0), values])
 
 

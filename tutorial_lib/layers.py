@@ -1,14 +1,12 @@
-"""The one place where the GPT gets its layers: Linear, LayerNorm, GELU and the loss.
+"""The one place where the GPT gets its modules: Linear, LayerNorm, GELU, the loss, MLP and Block.
 
 The model never calls ``nn.Linear`` directly. It asks a ``LayerFactory`` for a layer and says what
-the layer is for (its *role*). Later chapters pass other factories: FP8 Linear layers, Transformer
-Engine modules, or tensor-parallel column/row layers. The model code does not change.
+the layer is for (its *role*). Later chapters pass other factories: tensor-parallel column/row
+layers, Transformer Engine modules, or our Triton kernels. The model code does not change.
 
-Besides Linear and LayerNorm, a factory supplies the two memory-bound pieces that a fused backend
-(``tutorial_lib.kernels.TritonLayers``, chapter 6) replaces with its own kernels: the MLP's GELU
-(which may also add the ``mlp.fc`` bias, so one pass over the activations does both) and the
-cross-entropy loss. A LayerNorm module may also declare ``fuses_residual = True``: then ``Block``
-calls ``ln2(x, residual=a)`` and gets back ``(x + a, LayerNorm(x + a))`` from one kernel.
+A backend that fuses across layers (chapter 6: the residual add into the LayerNorm, the ``mlp.fc``
+bias into the GELU kernel) returns its own ``Block`` or ``MLP`` variant from ``block`` / ``mlp``;
+the plain ones in ``model.py`` never ask what kind of layer they hold.
 
 Roles (and how Megatron-style tensor parallelism splits them):
     ``attn.qkv``   C -> 3C, column-parallel      ``attn.proj``  C -> C, row-parallel
@@ -17,11 +15,14 @@ Roles (and how Megatron-style tensor parallelism splits them):
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from .config import GPTConfig
 
 __all__ = ["LINEAR_ROLES", "LayerFactory", "TorchLayers", "GELU", "CrossEntropy"]
 
@@ -29,7 +30,7 @@ LINEAR_ROLES = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
 
 
 class LayerFactory(Protocol):
-    """Builds the model's Linear and LayerNorm layers."""
+    """Builds the model's modules, from single layers up to whole blocks."""
 
     def linear(self, in_features: int, out_features: int, bias: bool, role: str) -> nn.Module: ...
 
@@ -39,15 +40,16 @@ class LayerFactory(Protocol):
 
     def cross_entropy(self) -> nn.Module: ...
 
+    def mlp(self, cfg: GPTConfig) -> nn.Module: ...
+
+    def block(self, cfg: GPTConfig) -> nn.Module: ...
+
 
 class GELU(nn.Module):
-    """GPT-2's tanh-approximated GELU of ``h + bias``; ``adds_bias`` tells the MLP whether to pass
-    ``mlp.fc``'s bias here instead of letting the Linear add it (False: two passes gain nothing)."""
+    """GPT-2's tanh-approximated GELU."""
 
-    adds_bias = False
-
-    def forward(self, h: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return F.gelu(h if bias is None else h + bias, approximate="tanh")
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.gelu(h, approximate="tanh")
 
 
 class CrossEntropy(nn.Module):
@@ -73,3 +75,13 @@ class TorchLayers:
 
     def cross_entropy(self) -> nn.Module:
         return CrossEntropy()
+
+    def mlp(self, cfg: GPTConfig) -> nn.Module:
+        from .model import MLP  # model.py imports this module
+
+        return MLP(cfg, self)
+
+    def block(self, cfg: GPTConfig) -> nn.Module:
+        from .model import Block
+
+        return Block(cfg, self)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -59,13 +60,7 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.act.adds_bias and type(self.fc) is nn.Linear and self.fc.bias is not None:
-            # A fused backend adds fc's bias inside its GELU kernel: x @ W^T is written once and
-            # read once, instead of a bias pass and a GELU pass over the (B, T, 4C) activations.
-            h = self.act(F.linear(x, self.fc.weight), self.fc.bias)
-        else:
-            h = self.act(self.fc(x))  # (an FP8 or TE Linear adds its bias in the GEMM epilogue)
-        return self.drop(self.proj(h))  # (B, T, C)
+        return self.drop(self.proj(self.act(self.fc(x))))  # (B, T, C)
 
 
 class Block(nn.Module):
@@ -74,19 +69,16 @@ class Block(nn.Module):
         self.ln1 = layers.layernorm(cfg.n_embd, cfg.bias)
         self.attn = CausalSelfAttention(cfg, layers)
         self.ln2 = layers.layernorm(cfg.n_embd, cfg.bias)
-        self.mlp = MLP(cfg, layers)
+        self.mlp = layers.mlp(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = self.attn(self.ln1(x))
-        if getattr(self.ln2, "fuses_residual", False):
-            x, h = self.ln2(x, residual=a)  # one kernel: the sum x + a and LayerNorm(x + a)
-        else:
-            x = x + a
-            h = self.ln2(x)
-        return x + self.mlp(h)
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
 
 
 class GPT(nn.Module):
+    recipe: Any = None  # how ``build.build_model`` built it (a ``ModelRecipe``); None by hand
+
     def __init__(self, cfg: GPTConfig, layers: LayerFactory | None = None) -> None:
         super().__init__()
         layers = layers or TorchLayers()
@@ -94,7 +86,7 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, layers) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(layers.block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = layers.layernorm(cfg.n_embd, cfg.bias)
         self.loss_fn = layers.cross_entropy()
         self.apply(self._init_weights)

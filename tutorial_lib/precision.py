@@ -115,8 +115,8 @@ def register_policy(policy: PrecisionPolicy, *, overwrite: bool = False) -> Prec
 # import it): name -> (module, registering function). Loaded on first use of the registry.
 _LAZY_POLICIES: dict[str, tuple[str, str]] = {
     "fp8": ("tutorial_lib.fp8.policy", "register_fp8_policy"),
-    "te-fp8": ("tutorial_lib.fp8.te_backend", "register_te_policy"),
-    "te-fp8-fused": ("tutorial_lib.fp8.te_backend", "register_te_policy"),
+    "te-fp8": ("tutorial_lib.fp8.te_policy", "register_te_policy"),
+    "te-fp8-fused": ("tutorial_lib.fp8.te_policy", "register_te_policy"),
 }
 
 

@@ -10,14 +10,10 @@ schedule, data-sampler and RNG state, so a resumed run reproduces the uninterrup
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-import os
-import pickle
-import re
-import tempfile
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +21,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .build import ModelRecipe, recipe_of
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .config import RunPreset
 from .data import TokenData
 from .hardware import describe_device
 from .model import GPT
@@ -56,12 +55,8 @@ class TrainConfig:
         eval_every/eval_iters: validation cadence and batches; checkpoint_every (0: only at end).
         precision: policy name (see ``precision.available_policies()``); seed: RNG seed.
         progress: show a tqdm progress bar.
-    Kernels (chapter 6; both combine with any precision):
-        fused: swap LayerNorm, residual-add + LayerNorm, bias + GELU and the loss for our
-            Triton kernels (``kernels.use_triton_kernels``; the Triton interpreter on a CPU).
-        compile: run training steps through ``torch.compile``; the first step includes the
-            compilation (``Trainer.compile_time_s`` estimates how long it took). Evaluation runs
-            eager, so switching to eval mode costs no second compilation.
+    The model's construction (precision backend, fused kernels, compile, tensor parallelism)
+    is ``build_model``'s business, not the Trainer's; ``precision`` here must match it.
     """
 
     steps: int = 100
@@ -80,8 +75,30 @@ class TrainConfig:
     precision: str = "fp32"
     seed: int = 0
     progress: bool = True
-    fused: bool = False
-    compile: bool = False
+
+    @classmethod
+    def from_preset(
+        cls,
+        preset: RunPreset,
+        *,
+        steps: int | None = None,
+        batch_size: int | None = None,
+        lr: float | None = None,
+        **overrides: Any,
+    ) -> TrainConfig:
+        """The preset's run: its steps, batch, lr, warm-up (never longer than the run) and
+        evaluation cadence. ``steps``, ``batch_size`` and ``lr`` of None mean the preset's;
+        any other ``TrainConfig`` field can be given in ``overrides``."""
+        steps = steps or preset.steps
+        fields: dict[str, Any] = {
+            "steps": steps,
+            "batch_size": batch_size or preset.batch_size,
+            "lr": lr or preset.lr,
+            "warmup_steps": min(preset.warmup_steps, steps),
+            "eval_every": preset.eval_every,
+            "eval_iters": preset.eval_iters,
+        }
+        return cls(**{**fields, **overrides})
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "eval_iters"):
@@ -127,6 +144,13 @@ class NonFiniteLossError(RuntimeError):
         self.grad_norm = grad_norm
 
 
+def _eager(compiled: bool) -> contextlib.AbstractContextManager[None]:
+    """Run a compiled model eagerly: evaluation in eval mode would otherwise compile again."""
+    if compiled:
+        return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
+
+
 def _rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -140,68 +164,24 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` with ``torch.save`` atomically: a crash never leaves a torn file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be opened safely: corrupt, truncated, not a ``torch.save`` file,
-    or holding Python objects beyond tensors and plain data (which could run code on load)."""
-
-
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Open a checkpoint written by ``save_checkpoint`` without running any code from it.
-
-    ``torch.load(weights_only=True)``: tensors, numbers, strings, lists, tuples and dicts only,
-    which is everything ``Trainer.state_dict`` holds. Anything else (a pickled object whose
-    unpickling calls a function) is refused with ``CheckpointError``, as is a file that is not
-    a whole ``torch.save`` archive.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"No checkpoint at {path}.")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its directory is last
-        raise CheckpointError(
-            f"{path} is not a readable checkpoint: it is empty, truncated or corrupt, or not a "
-            f"torch.save file ({path.stat().st_size} bytes). Resume from an earlier checkpoint, "
-            "or start the run again without --resume."
+def _check_recipe(model: torch.nn.Module, precision: str, policy: PrecisionPolicy) -> ModelRecipe:
+    """The model's ``ModelRecipe``, checked against the precision the Trainer will run."""
+    recipe = recipe_of(model)
+    if recipe is None:  # built by hand: fine unless the precision needs other layers
+        if policy.prepare_model is not None:
+            raise ValueError(
+                f"Precision {precision!r} trains a model with other Linear layers, and this one "
+                f"was built without them. Build it with tutorial_lib.build_model(cfg, "
+                f"precision={precision!r}) and pass that to the Trainer."
+            )
+        return ModelRecipe(precision=precision)
+    if recipe.precision != precision:
+        raise ValueError(
+            f"The model was built for precision {recipe.precision!r} but TrainConfig.precision "
+            f"is {precision!r}. Build it with build_model(cfg, precision={precision!r}), or "
+            f"train it with TrainConfig(precision={recipe.precision!r})."
         )
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        unsafe = re.search(r"GLOBAL (\S+)", str(exc))  # a global the safe unpickler refused
-        if unsafe is None:  # damaged pickle data inside a whole archive
-            raise _corrupt(path, exc) from exc
-        raise CheckpointError(
-            f"Refusing to open {path}: besides tensors and plain data it holds a reference to "
-            f"{unsafe.group(1)}, and unpickling it could run arbitrary code. tutorial_lib "
-            "checkpoints never contain such objects. Only if you trust the file's source, open "
-            "it with torch.load(path, weights_only=False) and save its tensors again."
-        ) from None
-    except (RuntimeError, EOFError, ValueError, KeyError, OSError) as exc:
-        raise _corrupt(path, exc) from exc
-
-
-def _corrupt(path: Path, exc: BaseException) -> CheckpointError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
-    return CheckpointError(
-        f"{path} is not a readable checkpoint: it is truncated or corrupt "
-        f"({type(exc).__name__}: {first}). Resume from an earlier checkpoint, or start the run "
-        "again without --resume."
-    )
+    return recipe
 
 
 class Trainer:
@@ -222,23 +202,11 @@ class Trainer:
                 "no CUDA GPU. Use device='cpu', or install a CUDA build of torch (README)."
             )
         self.policy: PrecisionPolicy = get_policy(cfg.precision, self.device)
+        self.recipe = _check_recipe(model, cfg.precision, self.policy)
         self.cfg, self.data = cfg, data
         torch.manual_seed(cfg.seed)
-        if self.policy.prepare_model is not None:
-            model = self.policy.prepare_model(model)
-        if cfg.fused:
-            from .kernels.fused import use_triton_kernels
-
-            model = use_triton_kernels(model)
         self.model = model.to(self.device)
-        # The module that runs training steps: the model itself, or its torch.compile wrapper
-        # (which shares the parameters; checkpoints always hold self.model's state dict).
-        self._step_model: torch.nn.Module = self.model
         self._first_compiled_step: int | None = None  # the step that paid for compilation
-        if cfg.compile:
-            from .kernels.compile import compile_model
-
-            self._step_model = compile_model(self.model)
         self.optimizer = self._make_optimizer()
         self.scaler = self.policy.make_grad_scaler(self.device)
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -296,7 +264,7 @@ class Trainer:
             for _ in range(cfg.grad_accum):
                 x, y = self.data.get_batch("train", cfg.batch_size, self.device)
                 with self.policy.autocast(self.device):
-                    _, loss = self._step_model(x, y)
+                    _, loss = self.model(x, y)
                 loss = loss / cfg.grad_accum
                 total_loss += loss.detach()
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -321,7 +289,7 @@ class Trainer:
         synchronize(self.device)
         dt = time.perf_counter() - t0
         tps = self.tokens_per_step / dt
-        if self.cfg.compile and self._first_compiled_step is None:
+        if self.recipe.compile and self._first_compiled_step is None:
             self._first_compiled_step = step  # tracing + compiling + one step
         self.step += 1
         return {
@@ -349,7 +317,7 @@ class Trainer:
         with self.policy.matmul_settings():
             for _ in range(iters or self.cfg.eval_iters):
                 x, y = self.data.get_batch("val", self.cfg.batch_size, self.device)
-                with self.policy.autocast(self.device):
+                with self.policy.autocast(self.device), _eager(self.recipe.compile):
                     _, loss = self.model(x, y)
                 losses.append(loss.item())
         self.model.train()
@@ -395,6 +363,7 @@ class Trainer:
             "step": self.step,
             "model_config": dataclasses.asdict(self.model.config),
             "train_config": dataclasses.asdict(self.cfg),
+            "model_recipe": dataclasses.asdict(self.recipe),
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
@@ -411,6 +380,12 @@ class Trainer:
             raise ValueError(
                 "Checkpoint model config differs from this model's: "
                 f"{state['model_config']} vs {dataclasses.asdict(self.model.config)}."
+            )
+        saved = state.get("model_recipe", {}).get("precision", self.recipe.precision)
+        if saved != self.recipe.precision:
+            raise ValueError(
+                f"The checkpoint was trained in precision {saved!r}, this model is built for "
+                f"{self.recipe.precision!r}: resume with --precision {saved}, or start again."
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

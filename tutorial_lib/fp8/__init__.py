@@ -5,15 +5,18 @@ Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (th
 (quantization statistics and capture of a model's GEMM operands), ``linear`` (``FP8Linear``,
 ``scaled_gemm``: ``torch._scaled_mm`` on FP8 GPUs, an exact FP32 emulation elsewhere;
 ``convert_to_fp8``), ``autocast`` (the FP8 region, named and behaving like
-``transformer_engine.pytorch.autocast``), ``policy`` (the ``fp8`` precision policy), and
-``te_backend`` (the optional Transformer Engine backend and the ``te-fp8`` and ``te-fp8-fused``
-policies). Importing this package registers ``fp8``, ``te-fp8`` and ``te-fp8-fused`` in
+``transformer_engine.pytorch.autocast``), ``policy`` (the ``fp8`` precision policy), and the
+optional Transformer Engine backend: ``te_contract`` (the TE API it relies on, checked against
+TE's source; the guarded TE import), ``te_convert`` (``TELayers``, ``convert_to_te``, fused or
+not) and ``te_policy`` (``te_autocast`` and the ``te-fp8`` and ``te-fp8-fused`` policies).
+Importing this package registers ``fp8``, ``te-fp8`` and ``te-fp8-fused`` in
 ``tutorial_lib.precision``.
 """
 
 from __future__ import annotations
 
-from . import te_backend
+from ..hardware import te_available
+from . import te_policy  # imports te_contract and te_convert too
 from .autocast import FP8AutocastState, autocast, get_autocast_state, is_fp8_enabled
 from .formats import (
     E4M3,
@@ -21,9 +24,9 @@ from .formats import (
     FP8_FORMATS,
     FP8Format,
     dequantize,
+    finite_fp8_values,
     get_fp8_format,
     quantize,
-    representable_values,
 )
 from .linear import (
     FP8_MIN_CC,
@@ -58,7 +61,6 @@ from .scaling import (
     update_amax_and_scale,
 )
 from .stats import QuantStats, capture_gemm_tensors, error_vs_scale, quant_stats, scale_for
-from .te_backend import te_available
 
 __all__ = [
     "te_available",
@@ -68,7 +70,7 @@ __all__ = [
     "E5M2",
     "FP8_FORMATS",
     "get_fp8_format",
-    "representable_values",
+    "finite_fp8_values",
     "quantize",
     "dequantize",
     # scaling
@@ -116,4 +118,4 @@ __all__ = [
 # The precision policies of this package: ours (``fp8``) and Transformer Engine's (``te-fp8``,
 # ``te-fp8-fused``; one call registers both).
 register_fp8_policy()
-te_backend.register_te_policy()
+te_policy.register_te_policy()

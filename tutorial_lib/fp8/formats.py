@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats import FloatFormat
-from ..formats import representable_values as _representable_values
+from ..formats import FloatFormat, finite_values
 
 __all__ = [
     "FP8Format",
@@ -28,7 +27,7 @@ __all__ = [
     "E5M2",
     "FP8_FORMATS",
     "get_fp8_format",
-    "representable_values",
+    "finite_fp8_values",
     "quantize",
     "dequantize",
 ]
@@ -95,9 +94,10 @@ def get_fp8_format(fmt: str | torch.dtype | FloatFormat) -> FP8Format:
     )
 
 
-def representable_values(fmt: FloatFormat | str | torch.dtype) -> torch.Tensor:
-    """Every finite value of an FP8 format, negatives included, sorted, as float64 (0 once)."""
-    return _representable_values(get_fp8_format(fmt), positive_only=False)
+def finite_fp8_values(fmt: FloatFormat | str | torch.dtype) -> torch.Tensor:
+    """Every finite value of an FP8 format, negatives included, sorted, as float64 (0 once):
+    ``tutorial_lib.formats.finite_values`` of the format, which may be given by name or dtype."""
+    return finite_values(get_fp8_format(fmt))
 
 
 # ---- quantization ----------------------------------------------------------------------------

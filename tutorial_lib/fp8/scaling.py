@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..checks import check_int, check_positive_int
 from .formats import E4M3 as _E4M3
 from .formats import E5M2 as _E5M2
 from .formats import FP8Format
@@ -144,12 +145,8 @@ class DelayedScaling:
                 "Engine). Use fp8_format=Format.HYBRID (E4M3 forward, E5M2 gradients) or "
                 "Format.E4M3."
             )
-        for name, low in (("margin", 0), ("amax_history_len", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(
-                    f"DelayedScaling: {name} must be an integer >= {low}, got {value!r}."
-                )
+        check_int(self.margin, "DelayedScaling.margin", 0)
+        check_positive_int(self.amax_history_len, "DelayedScaling.amax_history_len")
         _check_algo(self.amax_compute_algo)
 
     @property

@@ -16,7 +16,7 @@ module               user-facing functions
                      softmax never written to memory
 ``traffic``          the minimum HBM bytes of each kernel, and achieved bandwidth
 ``runtime``          where kernels run, ``triton_status()``, input checks
-``fused``            ``TritonLayers`` (a layer factory) and ``use_triton_kernels(model)``
+``fused``            ``TritonLayers`` (a layer factory: ``AddNormBlock``, ``BiasGELUMLP``)
 ``compile``          ``torch.compile`` with compile time, graph breaks and kernel counts
 ===================  =========================================================================
 
@@ -44,7 +44,14 @@ from .cross_entropy import (
     cross_entropy_forward,
     cross_entropy_reference,
 )
-from .fused import TritonCrossEntropy, TritonGELU, TritonLayerNorm, TritonLayers, use_triton_kernels
+from .fused import (
+    AddNormBlock,
+    BiasGELUMLP,
+    TritonCrossEntropy,
+    TritonGELU,
+    TritonLayerNorm,
+    TritonLayers,
+)
 from .layernorm import (
     add_layer_norm,
     add_layer_norm_forward,
@@ -112,7 +119,8 @@ __all__ = [
     "TritonLayerNorm",
     "TritonGELU",
     "TritonCrossEntropy",
-    "use_triton_kernels",
+    "AddNormBlock",
+    "BiasGELUMLP",
     # torch.compile
     "compile_model",
     "measure_compile",

@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..autocast_inspect import SKIPPED_OPS
+from ..checks import check_positive_int
 
 __all__ = [
     "CompileReport",
@@ -137,8 +138,7 @@ def measure_compile(
     compilation of the same code faster than a first one). ``reset`` runs before every call
     (e.g. ``optimizer.zero_grad``). Returns the first call's result and the report.
     """
-    if steady_iters < 1:
-        raise ValueError(f"steady_iters must be >= 1, got {steady_iters}.")
+    check_positive_int(steady_iters, "steady_iters")
     _reset_counters()
     _sync()
     t0 = time.perf_counter()

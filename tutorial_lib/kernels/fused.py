@@ -1,4 +1,4 @@
-"""The GPT on our Triton kernels: a layer factory, and a transform for a model already built.
+"""The GPT on our Triton kernels: a layer factory whose modules call them.
 
 ``TritonLayers`` is a ``LayerFactory`` (see ``tutorial_lib.layers``): Linear layers stay
 ``nn.Linear`` (cuBLAS is as good as it gets for a GEMM), and the memory-bound pieces become
@@ -8,56 +8,65 @@ kernels from this package:
 piece                eager PyTorch                               Triton backend
 ===================  ==========================================  ==============================
 ``ln1``, ``ln_f``    ``nn.LayerNorm``                            ``layer_norm``
-``ln2``              ``x = x + a`` then ``nn.LayerNorm``          ``add_layer_norm`` (one pass)
-``mlp.act``          ``fc`` adds its bias, then ``F.gelu``        ``bias_gelu`` (bias + GELU)
+``ln2``              ``x = x + a`` then ``nn.LayerNorm``          ``add_layer_norm`` (one pass,
+                                                                 ``AddNormBlock``)
+``mlp``              ``fc`` adds its bias, then ``F.gelu``        ``bias_gelu`` (bias + GELU,
+                                                                 ``BiasGELUMLP``)
 ``loss_fn``          ``F.cross_entropy(logits.float(), ...)``     ``cross_entropy`` (no FP32
                                                                  copy of the logits, no
                                                                  softmax in memory)
 ===================  ==========================================  ==============================
 
-Parameter names do not change, so state dicts, checkpoints and the FP8 layer swap work as before.
-``use_triton_kernels(model)`` swaps these modules into a model built with another factory.
+Parameter names do not change, so state dicts and checkpoints move between the two freely.
+``build_model(cfg, fused=True)`` builds with this factory.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..layers import GELU, CrossEntropy, TorchLayers
+from ..model import MLP, Block
 from .bias_gelu import bias_gelu
 from .cross_entropy import cross_entropy
 from .layernorm import add_layer_norm, layer_norm
+
+if TYPE_CHECKING:
+    from ..config import GPTConfig
 
 __all__ = [
     "TritonLayerNorm",
     "TritonGELU",
     "TritonCrossEntropy",
+    "BiasGELUMLP",
+    "AddNormBlock",
     "TritonLayers",
-    "use_triton_kernels",
 ]
 
 
 class TritonLayerNorm(nn.LayerNorm):
-    """``nn.LayerNorm`` (same parameters) on the Triton kernels; ``forward(x, residual=a)``
-    returns ``(x + a, LayerNorm(x + a))`` from one kernel (``Block`` uses it for ``ln2``)."""
+    """``nn.LayerNorm`` (same parameters) on the Triton kernel; ``add_forward(x, a)`` returns
+    ``(x + a, LayerNorm(x + a))`` from one kernel (``AddNormBlock`` uses it for ``ln2``)."""
 
-    fuses_residual = True
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check()
+        return layer_norm(x, self.weight, self.bias, self.eps)
 
-    def forward(  # type: ignore[override]
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check()
+        return add_layer_norm(x, a, self.weight, self.bias, self.eps)
+
+    def _check(self) -> None:
         if len(self.normalized_shape) != 1:
             raise ValueError("TritonLayerNorm normalises over the last dimension only.")
-        if residual is None:
-            return layer_norm(x, self.weight, self.bias, self.eps)
-        return add_layer_norm(x, residual, self.weight, self.bias, self.eps)
 
 
 class TritonGELU(GELU):
-    """GELU (tanh approximation) of ``h + bias`` in one kernel: the MLP hands it ``fc``'s bias."""
-
-    adds_bias = True
+    """GELU (tanh approximation) in one kernel; ``forward(h, bias)`` adds a bias first."""
 
     def forward(self, h: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         # Under autocast h is BF16 and the bias an FP32 parameter: add it in h's dtype, as
@@ -72,8 +81,37 @@ class TritonCrossEntropy(CrossEntropy):
         return cross_entropy(logits, targets)
 
 
+class BiasGELUMLP(MLP):
+    """The MLP with ``fc``'s bias added in the GELU kernel: the (B, T, 4C) activations are
+    written once by the GEMM and read once, instead of a bias pass and then a GELU pass."""
+
+    act: TritonGELU
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(F.linear(x, self.fc.weight), self.fc.bias)
+        return self.drop(self.proj(h))
+
+
+class AddNormBlock(Block):
+    """The block with the residual add and ``ln2`` in one kernel."""
+
+    ln2: TritonLayerNorm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, h = self.ln2.add_forward(x, self.attn(self.ln1(x)))  # x + a, LayerNorm(x + a)
+        return x + self.mlp(h)
+
+
 class TritonLayers(TorchLayers):
-    """A ``LayerFactory``: ``nn.Linear`` for GEMMs, Triton kernels for everything memory-bound."""
+    """A ``LayerFactory``: ``nn.Linear`` for GEMMs, Triton kernels for everything memory-bound.
+
+    ``fold_fc_bias=False`` keeps ``fc``'s bias in the Linear layer (plain ``MLP``, GELU kernel
+    only): for a precision that swaps the Linear layers afterwards (FP8, Transformer Engine),
+    whose GEMM adds the bias in its epilogue.
+    """
+
+    def __init__(self, fold_fc_bias: bool = True) -> None:
+        self.fold_fc_bias = fold_fc_bias
 
     def layernorm(self, features: int, bias: bool) -> nn.Module:
         return TritonLayerNorm(features, eps=1e-5, bias=bias)
@@ -84,30 +122,10 @@ class TritonLayers(TorchLayers):
     def cross_entropy(self) -> nn.Module:
         return TritonCrossEntropy()
 
+    def mlp(self, cfg: GPTConfig) -> nn.Module:
+        if self.fold_fc_bias and cfg.bias:
+            return BiasGELUMLP(cfg, self)
+        return MLP(cfg, self)
 
-def use_triton_kernels(model: nn.Module) -> nn.Module:
-    """Swap a built model's ``nn.LayerNorm``, ``GELU`` and ``CrossEntropy`` modules (exact types,
-    so FP8 or TE replacements are left alone) for the Triton ones, in place, sharing parameters.
-
-    Works before or after FP8's Linear swap: ``MLP`` folds the bias into the GELU kernel only
-    when ``fc`` is a plain ``nn.Linear`` (an FP8 GEMM adds its bias in the GEMM epilogue).
-    Returns ``model``.
-    """
-    factory = TritonLayers()
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.LayerNorm:
-                new: nn.Module = TritonLayerNorm(
-                    child.normalized_shape, eps=child.eps, elementwise_affine=False, bias=False
-                )
-                new.weight, new.bias = child.weight, child.bias  # share, do not copy
-                new.elementwise_affine = child.elementwise_affine
-            elif type(child) is GELU:
-                new = factory.gelu()
-            elif type(child) is CrossEntropy:
-                new = factory.cross_entropy()
-            else:
-                continue
-            new.train(child.training)
-            setattr(parent, name, new)
-    return model
+    def block(self, cfg: GPTConfig) -> nn.Module:
+        return AddNormBlock(cfg, self)

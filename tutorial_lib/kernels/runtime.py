@@ -7,17 +7,17 @@ knob in Python). When it is true the decorator returns an ``InterpretedFunction`
 every program of the grid one after another in Python, with NumPy arrays standing in for the
 tiles; otherwise it returns a ``JITFunction`` that compiles to PTX on the first launch.
 
-So this module, which every kernel module imports *before* defining its kernels, does this at
-import time:
+So the mode is chosen in two steps:
 
-1. If there is no CUDA device and ``TRITON_INTERPRET`` is not set, it sets
-   ``TRITON_INTERPRET=1``. (An explicit ``TRITON_INTERPRET=0`` or ``=1`` is left alone, so you can
-   also run the interpreter on a GPU machine to debug a kernel with ``print``.) The setting is
-   process-wide: it applies to every Triton kernel decorated afterwards.
-2. Then it imports Triton. If Triton had already been imported (``torch.utils.flop_counter``
-   imports it, and so ``import tutorial_lib`` does), setting the variable is enough for *our*
-   kernels, because the knob reads it lazily; we also assign
-   ``triton.knobs.runtime.interpret = True`` in case the knob had been assigned in Python.
+1. ``import tutorial_lib`` (which runs before this module can be imported) sets
+   ``TRITON_INTERPRET=1`` if there is no CUDA device and the variable is not set (in
+   ``tutorial_lib/__init__.py``, the one place that decides). An explicit ``TRITON_INTERPRET=0`` or ``=1`` is left alone, so you can also run the interpreter
+   on a GPU machine to debug a kernel with ``print``. The setting is process-wide: it applies to
+   every Triton kernel decorated afterwards.
+2. This module, which every kernel module imports *before* defining its kernels, then imports
+   Triton. If Triton had already been imported (``torch.utils.flop_counter`` imports it, or the
+   user did before ``import tutorial_lib``), the variable is still enough for *our* kernels,
+   because the knob reads it lazily.
 3. But Triton's own library functions (``tl.sum``, ``tl.max``, ``tl.sigmoid``, ...) are
    ``@jit`` functions too, decorated when ``triton.language`` was first imported. If that was
    before the interpreter was switched on, they are compiled-mode ``JITFunction`` objects and a
@@ -50,12 +50,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-    os.environ["TRITON_INTERPRET"] = "1"
-    _CHOSE_INTERPRETER = True
-else:
-    _CHOSE_INTERPRETER = False
 
 
 class _MissingTriton:
@@ -92,12 +86,10 @@ triton: Any
 tl: Any
 _TRITON_IMPORT_ERROR: str | None
 try:
-    import triton  # noqa: E402  (must come after the environment variable is set)
-    import triton.language as tl  # noqa: E402
+    import triton  # TRITON_INTERPRET is set by now: see step 1 above
+    import triton.language as tl
 
     _TRITON_IMPORT_ERROR = None
-    if _CHOSE_INTERPRETER and hasattr(triton, "knobs"):
-        triton.knobs.runtime.interpret = True  # in case the knob had been assigned before us
 except Exception as exc:  # ImportError, or a broken install raising something else
     triton = _MissingTriton()
     tl = None

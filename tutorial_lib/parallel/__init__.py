@@ -5,6 +5,9 @@ at a lower TP degree).
 - ``shard``: ``ShardMap``, which heads and FFN columns each TP rank owns; ``UnitSpec`` and
   ``unit_specs``: how each sharded parameter is cut into units; ``global_index``,
   ``split_by_unit``, ``join_units``: moving between full tensors, shards and single units.
+
+The numpy-only cluster simulation (cost model, failures, planning after failures) is
+``tutorial_lib.cluster``.
 """
 
 from .shard import (

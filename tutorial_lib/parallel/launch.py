@@ -30,12 +30,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..build import TPSpec, build_model
+from ..config import GPTConfig
 from ..data import TokenData
 from ..model import GPT
 from ..train import TrainConfig, Trainer, save_checkpoint
 from .comm import Group, group_rank
 from .shard import ShardMap
-from .tp import gather_full_state_dict, parallelize, tp_clip_grad_norm_
+from .tp import gather_full_state_dict, tp_clip_grad_norm_
 
 __all__ = [
     "SpawnError",
@@ -285,8 +287,6 @@ class TPTrainer(Trainer):
         device: torch.device | str | None = None,
         out_dir: str | Path | None = None,
     ) -> None:
-        if cfg.fused or cfg.compile:
-            raise ValueError("Tensor parallelism does not combine with fused or compile yet.")
         self.group, self.shard_map, self.tp_rank = group, shard_map, group_rank(group)
         if self.tp_rank != 0:
             cfg = dataclasses.replace(cfg, progress=False)
@@ -328,15 +328,17 @@ class TPTrainer(Trainer):
 
 
 def tensor_parallel_trainer(
-    model: GPT,
+    model_cfg: GPTConfig,
     data: TokenData,
     cfg: TrainConfig,
     tp: int,
     device: str | None = None,
     out_dir: str | Path | None = None,
+    seed: int = 0,
 ) -> TPTrainer:
-    """Under torchrun with ``tp`` processes: join the group, shard ``model`` evenly, and return
-    this rank's ``TPTrainer``. Every rank must build ``model`` and ``data`` with the same seed."""
+    """Under torchrun with ``tp`` processes: join the group, build this rank's shards of the
+    model (``build_model(..., tp=TPSpec(...), seed=seed)``: every rank starts from the same full
+    weights) and return this rank's ``TPTrainer``. Build ``data`` with the same seed everywhere."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != tp:
         raise ValueError(
@@ -346,9 +348,14 @@ def tensor_parallel_trainer(
         )
     cpu = device is not None and torch.device(device).type == "cpu"
     env = init_from_env("gloo" if cpu else None)
-    shard_map = ShardMap.even(model.config, tp)
+    shard_map = ShardMap.even(model_cfg, tp)
     group = dist.group.WORLD
-    tp_model = parallelize(model, group, shard_map)
-    return TPTrainer(
-        tp_model, data, cfg, group, shard_map, device=device or env.device, out_dir=out_dir
+    dev = device or env.device
+    tp_model = build_model(
+        model_cfg,
+        precision=cfg.precision,
+        tp=TPSpec(group, shard_map),
+        device=dev,
+        seed=seed,
     )
+    return TPTrainer(tp_model, data, cfg, group, shard_map, device=dev, out_dir=out_dir)

@@ -36,10 +36,11 @@ __all__ = [
     "raise_on_rank",
 ]
 
-Job = tuple[Sequence[int], Callable[..., Any], tuple[Any, ...]]
+# One job for run_jobs: (ranks, fn, args).
+WorkerJob = tuple[Sequence[int], Callable[..., Any], tuple[Any, ...]]
 
 
-def run_jobs(rank: int, world_size: int, jobs: Sequence[Job]) -> list[Any]:
+def run_jobs(rank: int, world_size: int, jobs: Sequence[WorkerJob]) -> list[Any]:
     """Run ``fn(group, *args)`` for each job ``(ranks, fn, args)`` whose ranks include this one
     (None for the others). All groups are made first, by every rank in the same order, as
     ``dist.new_group`` requires; jobs on disjoint ranks then run side by side."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..checks import check_positive_int
 from ..hardware import DeviceSpec
 from .roofline import Op, Roof, roof_from_spec
 
@@ -108,8 +109,12 @@ def linear_layer_cost(
     Raises ValueError for a non-positive size, an efficiency outside (0, 1], or a spec without
     an FP8 peak (e.g. A100).
     """
-    if min(tokens, in_features, out_features) < 1:
-        raise ValueError(f"sizes must be >= 1, got {tokens=}, {in_features=}, {out_features=}.")
+    for name, size in (
+        ("tokens", tokens),
+        ("in_features", in_features),
+        ("out_features", out_features),
+    ):
+        check_positive_int(size, name)
     for name, value in (("efficiency", efficiency), ("bandwidth_efficiency", bandwidth_efficiency)):
         if not 0 < value <= 1:
             raise ValueError(f"{name} must be in (0, 1], got {value}.")

@@ -29,7 +29,6 @@ from tqdm.auto import tqdm
 from ..config import RunPreset
 from ..data import TokenData, make_data
 from ..hardware import default_device, describe_device
-from ..model import GPT
 from ..precision import get_policy
 from ..viz import label_hardware
 
@@ -105,6 +104,7 @@ def run_rung(
 
     ``start`` is a ``data.state_dict()`` to rewind the sampler to first; ``lr`` defaults to the
     preset's."""
+    from ..build import build_model
     from ..train import TrainConfig, Trainer  # train imports perf: import here, not at the top
 
     row: dict[str, Any] = {
@@ -117,25 +117,29 @@ def run_rung(
         get_policy(rung.precision, device)
     except (RuntimeError, KeyError) as exc:
         return {**row, "skipped": str(exc).strip("'\"")}
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_preset(
+        preset,
         steps=steps,
         batch_size=batch,
-        lr=lr or preset.lr,
-        warmup_steps=min(preset.warmup_steps, steps),
+        lr=lr,
         eval_every=0,
         precision=rung.precision,
-        fused=rung.fused,
-        compile=rung.compile,
         seed=seed,
         progress=False,
     )
     if start is not None:
         data.load_state_dict(start)  # every rung sees the same batches
-    torch.manual_seed(seed)
-    model = GPT(preset.model_config())
     if device.type == "cuda":
         torch.cuda.empty_cache()
     try:
+        model = build_model(
+            preset.model_config(),
+            precision=rung.precision,
+            fused=rung.fused,
+            compile=rung.compile,
+            device=device,
+            seed=seed,
+        )
         trainer = Trainer(model, data, cfg, device=device)
     except ValueError as exc:  # e.g. FP8 shapes not multiples of 16
         return {**row, "skipped": str(exc)}

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..build import build_model
 from ..config import GPTConfig, RunPreset
 from ..data import synthetic_batch
 from ..hardware import default_device, describe_device
@@ -36,11 +37,7 @@ def make_step(
     policy: PrecisionPolicy, cfg: GPTConfig, batch: int, device: torch.device
 ) -> tuple[Callable[[], None], GPT]:
     """A zero-argument training step (forward under the policy, backward, optimizer step)."""
-    torch.manual_seed(0)
-    model = GPT(cfg)
-    if policy.prepare_model is not None:
-        model = policy.prepare_model(model)
-    model = model.to(device).train()
+    model = build_model(cfg, precision=policy, device=device, seed=0).train()
     optimizer = _make_optimizer(model)
     scaler = policy.make_grad_scaler(device)
     x, y = synthetic_batch(batch, cfg.block_size, cfg.vocab_size, device=device)

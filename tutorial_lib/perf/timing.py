@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from ..checks import check_positive_int
+
 __all__ = [
     "BenchResult",
     "benchmark",
@@ -194,8 +196,7 @@ def make_rotating_inputs(
     reads inputs that were evicted since their last use. Returns at least one copy and at most
     ``max_copies`` (which bounds memory when the cache is large or ``make`` returns few bytes).
     """
-    if max_copies < 1:
-        raise ValueError(f"max_copies must be >= 1, got {max_copies}.")
+    check_positive_int(max_copies, "max_copies")
     copies: list[tuple] = []
     total = 0
     while len(copies) < max_copies and (not copies or total <= min_total_bytes):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..checks import check_positive_int
 from ..hardware import SPECS, DeviceSpec
 
 __all__ = [
@@ -64,8 +65,7 @@ LINKS: dict[str, Link] = {
 
 def ring_allreduce_bytes(nbytes: float, ranks: int) -> float:
     """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``: 2 S (t-1)/t."""
-    if ranks < 1:
-        raise ValueError(f"ranks must be >= 1, got {ranks}.")
+    check_positive_int(ranks, "ranks")
     return 2.0 * nbytes * (ranks - 1) / ranks
 
 

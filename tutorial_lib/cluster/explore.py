@@ -1,10 +1,10 @@
 """An explorer for chapter 9: pick a cluster, a TP degree, a failed fraction and a policy, and
-see the plan ``planner.plan`` makes and the throughput it keeps.
+see the plan ``plans.plan_cluster`` makes and the throughput it keeps.
 
 ``explore_plan`` is the plain function (a summary dict and a figure, fine for a static page);
 ``plan_explorer`` wraps it in ipywidgets (the ``book`` extra), imported only when called.
 
-The job is ``planner.Job.paper()``'s, scaled to the chosen cluster: the 480B GPT on B200-class
+The job is ``TrainingJob.paper()``'s, scaled to the chosen cluster: the 480B GPT on B200-class
 GPUs with the paper's links, ``pp`` pipeline stages (8), ``local_batch`` sequences per replica
 (8, as in the paper's 1024 over 128 replicas), and degraded replicas allowed to run at TP - 2
 or TP - 4 (the paper's 30 and 28 for TP 32). Failures are uniform at random. Memory is not
@@ -25,9 +25,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from .cost_model import ParallelConfig
+from ..checks import check_positive_int
 from .failures import random_failures
-from .planner import PAPER_CLUSTER, PAPER_MODEL, POLICIES, Job, plan, throughput_samples
+from .monte_carlo import throughput_samples
+from .plan_options import PLAN_POLICIES
+from .plans import ClusterPlan, plan_cluster
+from .replica_cost import PAPER_CLUSTER, PAPER_MODEL, TrainingJob
+from .specs import ParallelConfig
 
 __all__ = ["explore_job", "explore_plan", "plan_explorer", "summary_html"]
 
@@ -38,8 +42,10 @@ def _reduced_degrees(tp: int) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=32)
-def explore_job(n_gpus: int, domain_size: int, tp: int, pp: int = 8, local_batch: int = 8) -> Job:
-    """``Job.paper()`` scaled to ``n_gpus`` GPUs in domains of ``domain_size`` at base TP ``tp``.
+def explore_job(
+    n_gpus: int, domain_size: int, tp: int, pp: int = 8, local_batch: int = 8
+) -> TrainingJob:
+    """``TrainingJob.paper()`` scaled to ``n_gpus`` GPUs in domains of ``domain_size`` at base TP ``tp``.
 
     Raises ``ValueError`` with the reason for a layout that cannot exist."""
     for name, value in (
@@ -49,8 +55,7 @@ def explore_job(n_gpus: int, domain_size: int, tp: int, pp: int = 8, local_batch
         ("pp", pp),
         ("local_batch", local_batch),
     ):
-        if isinstance(value, bool) or int(value) != value or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        check_positive_int(value, name)
     if tp < 2:
         raise ValueError("tp must be at least 2: at TP 1 there is no degree to reduce to.")
     if domain_size % tp:
@@ -82,7 +87,9 @@ def explore_job(n_gpus: int, domain_size: int, tp: int, pp: int = 8, local_batch
         overlap_dp_comm=True,
         distributed_optimizer=True,
     )
-    return Job(model=PAPER_MODEL, cluster=cluster, par=par, reduced_tps=_reduced_degrees(tp))
+    return TrainingJob(
+        model=PAPER_MODEL, cluster=cluster, par=par, reduced_tps=_reduced_degrees(tp)
+    )
 
 
 def explore_plan(
@@ -106,13 +113,13 @@ def explore_plan(
     The figure: left, every policy's mean relative throughput over ``samples`` patterns per
     failed fraction, with this plan marked; right, where the plan puts the cluster's TP groups.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}.")
+    if policy not in PLAN_POLICIES:
+        raise ValueError(f"policy must be one of {PLAN_POLICIES}, got {policy!r}.")
     if not 0 <= failed_fraction <= 0.05:
         raise ValueError(f"failed_fraction must lie in [0, 0.05], got {failed_fraction!r}.")
     job = explore_job(n_gpus, domain_size, tp, pp)
     failed = random_failures(n_gpus, failed_fraction, seed)
-    p = plan(job, failed, policy)
+    p = plan_cluster(job, failed, policy)
     degraded = [r for r in p.replicas if r.failed or r.tp != tp]
     summary = {
         "gpus": n_gpus,
@@ -123,7 +130,7 @@ def explore_plan(
         "reduced_tps": job.degrees,
         "failed_gpus": len(failed),
         "policy": policy,
-        "chosen": p.chosen,
+        "chosen": tuple(p.chosen),
         "replicas": len(p.replicas),
         "degraded_replicas": len(degraded),
         "degrees": sorted({r.tp for r in p.replicas}),
@@ -140,7 +147,9 @@ def explore_plan(
     return summary, _plot(job, p, summary, failed_fraction, seed, samples)
 
 
-def _plot(job: Job, p: Any, s: dict[str, Any], frac: float, seed: int, samples: int) -> Figure:
+def _plot(
+    job: TrainingJob, p: ClusterPlan, s: dict[str, Any], frac: float, seed: int, samples: int
+) -> Figure:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [3, 2]})
     fractions = np.linspace(0, max(0.005, 1.5 * frac), 7)
     curves = throughput_samples(job, fractions, samples, seed)
@@ -244,7 +253,7 @@ def plan_explorer(
         description="failed",
         continuous_update=False,
     )
-    pol = w.ToggleButtons(options=list(POLICIES), value=policy, description="policy")
+    pol = w.ToggleButtons(options=list(PLAN_POLICIES), value=policy, description="policy")
     out = w.HTML()
 
     def redraw(_change: object = None) -> None:

@@ -26,6 +26,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ..checks import check_positive_int
+
 __all__ = [
     "Recovery",
     "FailureModel",
@@ -57,7 +59,7 @@ LLAMA3_RATE_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPU
 RECOVERY_DISTS = ("fixed", "exponential", "lognormal")
 
 
-def _check_positive(name: str, value: float) -> None:
+def _check_hours(name: str, value: float) -> None:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive, finite number of hours, got {value!r}.")
 
@@ -82,7 +84,7 @@ class Recovery:
     sigma: float = 1.0
 
     def __post_init__(self) -> None:
-        _check_positive("Recovery.mean_hours", self.mean_hours)
+        _check_hours("Recovery.mean_hours", self.mean_hours)
         if self.dist not in RECOVERY_DISTS:
             raise ValueError(f"Recovery.dist must be one of {RECOVERY_DISTS}, got {self.dist!r}.")
         if not (math.isfinite(self.sigma) and self.sigma > 0):
@@ -277,13 +279,12 @@ def simulate_trace(
     burn_in_days: simulate this long before time 0, so that the trace starts with the GPUs
     that would be down in a cluster already running (default 0: all GPUs start healthy).
     """
-    if isinstance(n_gpus, bool) or int(n_gpus) != n_gpus or n_gpus < 1:
-        raise ValueError(f"n_gpus must be a positive integer, got {n_gpus!r}.")
-    _check_positive("days", days)
-    _check_positive("step_hours", step_hours)
+    n_gpus = check_positive_int(n_gpus, "n_gpus")
+    _check_hours("days", days)
+    _check_hours("step_hours", step_hours)
     if not (math.isfinite(burn_in_days) and burn_in_days >= 0):
         raise ValueError(f"burn_in_days must be >= 0 and finite, got {burn_in_days!r}.")
-    n_gpus, hours, t0 = int(n_gpus), days * 24.0, -burn_in_days * 24.0
+    hours, t0 = days * 24.0, -burn_in_days * 24.0
     rng = np.random.default_rng(seed)
     n = rng.poisson(model.rate_per_gpu_hour * n_gpus * (hours - t0))
     gpu = rng.integers(0, n_gpus, n, dtype=np.int64)
@@ -323,12 +324,11 @@ def fraction_of_time_above(trace: FailureTrace, threshold: float) -> float:
 def random_failures(n_gpus: int, fraction: float, seed: int = 0) -> np.ndarray:
     """Sorted indices of ``round(fraction * n_gpus)`` distinct GPUs, chosen uniformly at random
     (Python's ``round``: halves go to the even integer)."""
-    if isinstance(n_gpus, bool) or int(n_gpus) != n_gpus or n_gpus < 1:
-        raise ValueError(f"n_gpus must be a positive integer, got {n_gpus!r}.")
+    n_gpus = check_positive_int(n_gpus, "n_gpus")
     _check_fraction("fraction", fraction)
     count = round(fraction * n_gpus)
     rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(int(n_gpus), size=count, replace=False)).astype(np.int64)
+    return np.sort(rng.choice(n_gpus, size=count, replace=False)).astype(np.int64)
 
 
 def _failed_indices(failed: np.ndarray, n_gpus: int) -> np.ndarray:
@@ -349,7 +349,9 @@ def _failed_indices(failed: np.ndarray, n_gpus: int) -> np.ndarray:
 
 
 def _check_domains(n_gpus: int, domain_size: int) -> int:
-    if domain_size < 1 or n_gpus < 1 or n_gpus % domain_size:
+    check_positive_int(n_gpus, "n_gpus")
+    check_positive_int(domain_size, "domain_size")
+    if n_gpus % domain_size:
         raise ValueError(
             f"n_gpus ({n_gpus}) must be a positive multiple of domain_size ({domain_size})."
         )

@@ -1,0 +1,104 @@
+"""A numpy-only simulation of GPT training on a GPU cluster: what tensor, pipeline and data
+parallelism cost, how GPUs fail, and what a job keeps after failures with and without nonuniform
+tensor parallelism (the NTP paper's simulation). Models of datasheet numbers, never measurements;
+the runtime tensor parallelism on torch.distributed lives in ``tutorial_lib.parallel``.
+
+The cost model
+    ``tp_traffic``: TP communication per layer, ring all-reduces, link ridges.
+    ``specs``: ``ModelSpec``, ``ClusterSpec`` (presets ``CLUSTERS``, ``GB200``),
+    ``ParallelConfig``, ``check_config``.
+    ``cost_terms``: the terms of an iteration (``training_flops``, ``dp_allreduce_time``,
+    ``pipeline_bubble_fraction``, ...) and their sums ``iteration_time``, ``memory_per_gpu``,
+    ``tflops_per_gpu``.
+    ``validation``: the model against Table 1 of Narayanan et al. 2021.
+Failures and plans
+    ``failures``: the Llama 3 failure model, Monte Carlo traces, replica availability.
+    ``replica_cost``: ``TrainingJob`` and the step time of a healthy or degraded replica;
+    ``PowerBoost``.
+    ``plan_options``: what a degraded replica runs under each of ``PLAN_POLICIES``.
+    ``packing``: packing damaged TP groups into replicas; scoring candidate plans.
+    ``plans``: ``plan_cluster`` -> ``ClusterPlan`` (its docstring lists the modelling assumptions).
+    ``monte_carlo``: throughput and availability over random failures; spare domains.
+    ``reproduce`` and ``report``: the NTP paper's experiments (``ntp-reproduce``).
+    ``explore``: chapter 9's plan explorer (matplotlib; imported on its own, not here).
+"""
+
+from .cost_terms import (
+    Breakdown,
+    activation_bytes_per_layer,
+    dp_allreduce_time,
+    iteration_time,
+    memory_per_gpu,
+    pipeline_bubble_fraction,
+    tflops_per_gpu,
+    tp_comm_bytes_per_layer,
+    training_flops,
+)
+from .failures import (
+    FailureModel,
+    FailureTrace,
+    Recovery,
+    expected_replica_availability,
+    fraction_of_time_above,
+    random_failures,
+    replica_availability,
+    simulate_trace,
+)
+from .monte_carlo import SpareResult, availability_samples, spare_domains, throughput_samples
+from .packing import relative_throughput, slot_failures
+from .plan_options import PLAN_POLICIES
+from .plans import ClusterPlan, ReplicaAssignment, plan_cluster
+from .replica_cost import PowerBoost, TrainingJob
+from .report import format_report
+from .reproduce import PAPER_CLUSTER, PAPER_MODEL, PAPER_REPORTED, ntp_reproduce
+from .specs import CLUSTERS, GB200, ClusterSpec, ModelSpec, ParallelConfig, check_config
+from .validation import MEGATRON_2021_TABLE1, Table1Row, validation_table
+
+__all__ = [
+    # cost model
+    "ModelSpec",
+    "ClusterSpec",
+    "ParallelConfig",
+    "GB200",
+    "CLUSTERS",
+    "check_config",
+    "Breakdown",
+    "training_flops",
+    "tp_comm_bytes_per_layer",
+    "pipeline_bubble_fraction",
+    "dp_allreduce_time",
+    "activation_bytes_per_layer",
+    "iteration_time",
+    "memory_per_gpu",
+    "tflops_per_gpu",
+    "Table1Row",
+    "MEGATRON_2021_TABLE1",
+    "validation_table",
+    # failures
+    "Recovery",
+    "FailureModel",
+    "FailureTrace",
+    "simulate_trace",
+    "fraction_of_time_above",
+    "random_failures",
+    "replica_availability",
+    "expected_replica_availability",
+    # plans after failures
+    "PLAN_POLICIES",
+    "PowerBoost",
+    "TrainingJob",
+    "ReplicaAssignment",
+    "ClusterPlan",
+    "plan_cluster",
+    "slot_failures",
+    "relative_throughput",
+    "throughput_samples",
+    "availability_samples",
+    "SpareResult",
+    "spare_domains",
+    "PAPER_CLUSTER",
+    "PAPER_MODEL",
+    "PAPER_REPORTED",
+    "ntp_reproduce",
+    "format_report",
+]

@@ -1,0 +1,294 @@
+"""Iteration time and memory per GPU of a GPT under tensor, pipeline and data parallelism.
+
+The formulas are the published ones: FLOPs, parameters and the pipeline bubble from Narayanan
+et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+arXiv 2104.04473), activation memory and selective recomputation from Korthikanti et al. 2022
+("Reducing Activation Recomputation in Large Transformer Models", arXiv 2205.05198). TP traffic
+reuses ``cluster.tp_traffic``. Everything is a model of datasheet numbers plus three stated
+assumptions: the fraction of peak the GEMMs reach (``compute_efficiency``, calibrated in
+``cluster.validation``), the fraction of link bandwidth a collective reaches
+(``ClusterSpec.collective_efficiency``), and how often memory-bound kernels touch the activations
+(``ACTIVATION_PASSES``).
+
+Every term is public: ``iteration_time`` and ``memory_per_gpu`` add them up for a healthy job,
+and ``cluster.replica_cost`` reuses them for a replica that lost GPUs (``stage_params``,
+``activation_parts``, ``tp_layer_time``, ``pp_p2p_time``). The model, cluster and split come
+from ``cluster.specs``; ``cluster.validation`` compares the model with Table 1 of Narayanan et al.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .specs import RECOMPUTE, ClusterSpec, ModelSpec, ParallelConfig, check_config
+from .tp_traffic import ring_allreduce_bytes, tp_layer_comm_bytes
+
+__all__ = [
+    "ACT_BYTES",
+    "ADAM_STEP_BYTES",
+    "ACTIVATION_PASSES",
+    "DEFAULT_COMPUTE_EFFICIENCY",
+    "Breakdown",
+    "training_flops",
+    "tp_comm_bytes_per_layer",
+    "pipeline_bubble_fraction",
+    "stage_params",
+    "dp_allreduce_time",
+    "activation_parts",
+    "activation_bytes_per_layer",
+    "layers_in_flight",
+    "tp_layer_time",
+    "pp_p2p_time",
+    "iteration_time",
+    "memory_per_gpu",
+    "tflops_per_gpu",
+]
+
+# Activations and their TP/PP traffic are 16-bit; assumed under FP8 too, where only GEMM inputs
+# are cast to FP8.
+ACT_BYTES = 2
+ADAM_STEP_BYTES = 30  # per parameter: read fp32 grad + w, m, v (16), write w, m, v (12), bf16 w (2)
+# Each activation byte Korthikanti et al. count is written in the forward, read in the backward
+# and has a gradient of the same size written there: 3 passes of memory-bound traffic (LayerNorm,
+# GeLU, softmax, dropout). Recomputation writes what it recomputes once more. An estimate, not fit.
+ACTIVATION_PASSES = 3
+# GEMM fraction of peak in a real training step. 0.6 is what Table 1 calibrates to on A100
+# (A100_COMPUTE_EFFICIENCY); a lone BF16 8192^3 GEMM reaches 0.80 on an H200 (measured once, CUDA torch),
+# an upper bound. No Hopper end-to-end calibration exists yet: revisit when one is recorded.
+DEFAULT_COMPUTE_EFFICIENCY = 0.6
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Named parts that add up to a total (seconds or bytes)."""
+
+    parts: dict[str, float]
+    unit: str
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def __getitem__(self, key: str) -> float:
+        return self.parts[key]
+
+    def fractions(self) -> dict[str, float]:
+        return {k: v / self.total for k, v in self.parts.items()}
+
+
+def training_flops(model: ModelSpec, batch: int, recompute: str = "none") -> float:
+    """GEMM FLOPs of one training iteration on ``batch`` sequences (Narayanan et al. 2021, eq. 3
+    and appendix). Per token and layer the forward costs 8h^2 + 4hf (QKV, projection, MLP) plus
+    4sh (Q K^T and attention x V); the logit layer 2hV. Backward is twice the forward.
+
+    - ``none``: 72 B s l h^2 (1 + s/(6h) + V/(12hl)) for f = 4h.
+    - ``full``: one more forward of every layer, 96 B s l h^2 (1 + s/(6h) + V/(16lh)).
+    - ``selective`` (Korthikanti et al. 2022, sec. 6): their published hardware-FLOPs count,
+      72 B s l h^2 (1 + s/(3h) + V/(12hl)), i.e. 12 s h per token and layer on top of ``none``.
+      We use it so HFU figures match theirs; a direct count of the recomputed Q K^T and
+      attention x V gives 4 s h, so the published count is an upper bound (about 2% of a
+      GPT-3-sized step)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}.")
+    h, s, f = model.hidden, model.seq, model.ffn
+    layer_fwd = 8 * h * h + 4 * h * f + 4 * s * h  # type: ignore[operator]
+    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[recompute]
+    per_token = model.layers * passes * layer_fwd + 3 * 2 * h * model.vocab
+    if recompute == "selective":
+        per_token += model.layers * 12 * s * h
+    return float(batch * s * per_token)
+
+
+def tp_comm_bytes_per_layer(model: ModelSpec, par: ParallelConfig) -> float:
+    """Bytes one TP rank sends per layer and micro-batch: ``tp_traffic``'s 8 b s h (t-1)/t
+    elements (Narayanan et al. sec. 3.2). Full recomputation repeats the forward's two
+    all-reduces (x1.5). Sequence parallelism turns each all-reduce into a reduce-scatter and an
+    all-gather: the same bytes (Korthikanti et al. sec. 4.2.2)."""
+    args = (par.micro_batch, model.seq, model.hidden, par.tp, ACT_BYTES)
+    extra = tp_layer_comm_bytes(*args, backward=False) if par.recompute == "full" else 0.0
+    return tp_layer_comm_bytes(*args) + extra
+
+
+def pipeline_bubble_fraction(pp: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """Bubble time over ideal time, (p - 1) / m, divided by v for the interleaved schedule
+    (Narayanan et al. 2021, sec. 2.2)."""
+    if pp < 1 or micro_batches < 1 or virtual_stages < 1:
+        raise ValueError("pp, micro_batches and virtual_stages must be >= 1.")
+    return (pp - 1) / (virtual_stages * micro_batches)
+
+
+def stage_params(model: ModelSpec, par: ParallelConfig) -> float:
+    """Parameters on one GPU of the first (largest) stage: its layers / t, the vocabulary-parallel
+    word embedding V h / t and the (replicated) position embedding s h."""
+    layers = model.layers / par.pp * model.layer_params() / par.tp
+    return layers + model.vocab * model.hidden / par.tp + model.seq * model.hidden
+
+
+def dp_allreduce_time(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> float:
+    """Seconds for the gradient all-reduce of one GPU's shard, S = params/(t p) x grad_bytes.
+    Narayanan's ring gives 2 S (d-1)/d per rank. Placed hierarchically: the k = min(d, domain/t)
+    ranks of a DP group that share a domain reduce-scatter and all-gather over NVLink, and each
+    of them all-reduces its S/k across the d/k domains on its own NIC. So a DP group spanning
+    whole DGX nodes sees 8 NICs' worth of bandwidth, as nccl-tests does (issue #119)."""
+    d = par.dp
+    if d == 1:
+        return 0.0
+    nbytes = stage_params(model, par) * par.grad_bytes
+    k = min(d, cluster.domain_size // par.tp)
+    eff, lat = cluster.collective_efficiency, cluster.collective_latency
+    time = ring_allreduce_bytes(nbytes, k) / (eff * cluster.nvlink_bandwidth) + lat * (k > 1)
+    domains = round(d / k)
+    if domains > 1:
+        time += ring_allreduce_bytes(nbytes / k, domains) / (eff * cluster.scaleout_bandwidth) + lat
+    return time
+
+
+def activation_parts(model: ModelSpec, b: int, tp: int, sp: bool) -> tuple[float, float]:
+    """(other, attention) activation bytes per layer and GPU (Korthikanti et al. sec. 4):
+    other = s b h (10 + 24/t), or 34 s b h / t with sequence parallelism; attention (softmax,
+    its dropout mask and output) = 5 a s^2 b / t."""
+    sbh = model.seq * b * model.hidden
+    other = 34 * sbh / tp if sp else sbh * (10 + 24 / tp)
+    return other, 5 * model.heads * model.seq**2 * b / tp
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+) -> float:
+    """Bytes of activations one layer keeps for the backward (Korthikanti et al. 2022, Table 2):
+    s b h (34 + 5 a s / h) without parallelism; s b h (10 + 24/t + 5 a s/(h t)) with TP;
+    s b h / t (34 + 5 a s / h) with TP + SP; ``selective`` drops the attention part (34 s b h / t
+    with SP); ``full`` keeps only the layer input, 2 s b h (/ t with SP)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}.")
+    other, attention = activation_parts(model, micro_batch, tp, sequence_parallel)
+    if recompute == "full":
+        return 2 * model.seq * micro_batch * model.hidden / (tp if sequence_parallel else 1)
+    return other if recompute == "selective" else other + attention
+
+
+def layers_in_flight(model: ModelSpec, par: ParallelConfig) -> float:
+    """Layer-activations (of one micro-batch) the first stage holds at its peak. 1F1B keeps
+    min(p, m) micro-batches of l/p layers; Megatron's interleaved warm-up on the first rank is
+    2(p-1) + (v-1)p chunks of l/(pv) layers, plus the one being computed."""
+    p, v, m = par.pp, par.virtual_stages, par.micro_batches
+    if v == 1:
+        return min(p, m) * model.layers / p
+    return min(p * (v + 1) - 1, m * v) * model.layers / (p * v)
+
+
+def tp_layer_time(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> float:
+    """Seconds of TP communication per layer and micro-batch on one GPU: the bytes of
+    ``tp_comm_bytes_per_layer`` over NVLink at ``collective_efficiency``, plus the latency of its
+    4 all-reduces (6 with full recomputation; twice as many collectives with sequence
+    parallelism). 0 at ``tp=1``."""
+    if par.tp == 1:
+        return 0.0
+    collectives = (6 if par.recompute == "full" else 4) * (2 if par.sequence_parallel else 1)
+    bw = cluster.collective_efficiency * cluster.nvlink_bandwidth
+    return tp_comm_bytes_per_layer(model, par) / bw + collectives * cluster.collective_latency
+
+
+def pp_p2p_time(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> float:
+    """Per micro-batch: activations forward and gradients backward, b s h / t each with the
+    scatter/gather optimisation (Narayanan et al. sec. 4.1), v times with interleaving."""
+    if par.pp == 1:
+        return 0.0
+    crosses = cluster.n_gpus > cluster.domain_size
+    bw = cluster.scaleout_bandwidth if crosses else cluster.nvlink_bandwidth
+    nbytes = par.micro_batch * model.seq * model.hidden * ACT_BYTES / par.tp
+    per_send = nbytes / (cluster.collective_efficiency * bw) + cluster.collective_latency
+    return 2 * par.virtual_stages * per_send
+
+
+def iteration_time(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    par: ParallelConfig,
+    *,
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
+) -> Breakdown:
+    """Seconds per iteration on one GPU, by cause. ``compute``: ``training_flops`` at
+    ``compute_efficiency`` x peak, spread evenly over the GPUs. ``memory_bound``: the activation
+    traffic of LayerNorm, GeLU, softmax and dropout, ``ACTIVATION_PASSES`` x the bytes Korthikanti
+    et al. count (+1 pass for what is recomputed), at HBM bandwidth. ``tp_comm`` and ``pp_p2p``:
+    not overlapped (as in Megatron 2021). ``pp_bubble``: the bubble fraction of the steady
+    state. ``dp_comm``: exposed all-reduce; with ``overlap_dp_comm`` only what outlasts the last
+    micro-batch's backward. ``optimizer``: the Adam step, ``ADAM_STEP_BYTES`` per parameter at HBM
+    bandwidth. With ``dtype="fp8"`` the GEMMs run at the FP8 peak with the same efficiency, which
+    is optimistic (FP8 GEMMs usually reach a smaller fraction of their peak)."""
+    check_config(model, cluster, par)
+    if not 0 < compute_efficiency <= 1:
+        raise ValueError(f"compute_efficiency must be in (0, 1], got {compute_efficiency}.")
+    m, stage_layers = par.micro_batches, model.layers / par.pp
+    peak = cluster.gpu.peak(par.dtype) * compute_efficiency  # type: ignore[operator]
+    compute = training_flops(model, par.global_batch, par.recompute) / (cluster.n_gpus * peak)
+    other, attention = activation_parts(model, par.micro_batch, par.tp, par.sequence_parallel)
+    redo = {"none": 0.0, "selective": attention, "full": other + attention}[par.recompute]
+    traffic = ACTIVATION_PASSES * (other + attention) + redo
+    memory = m * stage_layers * traffic / cluster.gpu.hbm_bandwidth
+    tp = m * stage_layers * tp_layer_time(model, cluster, par)
+    p2p = m * pp_p2p_time(model, cluster, par)
+    steady = compute + memory + tp + p2p
+    bubble = steady * pipeline_bubble_fraction(par.pp, m, par.virtual_stages)
+    dp = dp_allreduce_time(model, cluster, par)
+    if par.overlap_dp_comm:
+        backward_share = 2 / (4 if par.recompute == "full" else 3)
+        dp = max(0.0, dp - (compute + memory) / m * backward_share)
+    shard = stage_params(model, par) / (par.dp if par.distributed_optimizer else 1)
+    optimizer = shard * ADAM_STEP_BYTES / cluster.gpu.hbm_bandwidth
+    return Breakdown(
+        {
+            "compute": compute,
+            "memory_bound": memory,
+            "tp_comm": tp,
+            "pp_p2p": p2p,
+            "pp_bubble": bubble,
+            "dp_comm": dp,
+            "optimizer": optimizer,
+        },
+        "s",
+    )
+
+
+def memory_per_gpu(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> Breakdown:
+    """Bytes on one GPU of the first pipeline stage (the fullest): 2-byte weights, ``grad_bytes``
+    gradients and 12 bytes of FP32 master weights and Adam moments per parameter (16 bytes in
+    all with 2-byte gradients), sharded by t and p (and the optimizer by d with
+    ``distributed_optimizer``); activations of ``layers_in_flight`` layers. Not modelled: the
+    embedding/logit activations, temporary buffers, the CUDA context and fragmentation."""
+    check_config(model, cluster, par)
+    params = stage_params(model, par)
+    per_layer = activation_bytes_per_layer(
+        model, par.micro_batch, par.tp, par.sequence_parallel, par.recompute
+    )
+    return Breakdown(
+        {
+            "weights": 2 * params,
+            "grads": par.grad_bytes * params,
+            "optimizer": 12 * params / (par.dp if par.distributed_optimizer else 1),
+            "activations": per_layer * layers_in_flight(model, par),
+        },
+        "B",
+    )
+
+
+def tflops_per_gpu(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    par: ParallelConfig,
+    *,
+    flops: str = "hardware",
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
+) -> float:
+    """Predicted TFLOP/s per GPU. ``flops="hardware"`` counts the recomputation too (what Table 1
+    of Narayanan et al. reports); ``"model"`` does not (the numerator of MFU)."""
+    if flops not in ("hardware", "model"):
+        raise ValueError(f"flops must be 'hardware' or 'model', got {flops!r}.")
+    recompute = par.recompute if flops == "hardware" else "none"
+    seconds = iteration_time(model, cluster, par, compute_efficiency=compute_efficiency).total
+    return training_flops(model, par.global_batch, recompute) / (cluster.n_gpus * seconds) / 1e12
