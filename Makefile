@@ -59,6 +59,7 @@ setup: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tutorial_lib tests benchmarks scripts book
 	$(VENV)/bin/ruff format --check tutorial_lib tests benchmarks scripts book/_ext
+	$(VENV)/bin/mypy  # settings and files: [tool.mypy] in pyproject.toml
 
 # Build layout. The notebooks run once, under nbmake with --overwrite, in a copy of book/
 # (scripts/stage_book.py); the HTML book and the slides are made from that executed copy.

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tutorial_lib.bench import environment_stamp, write_and_print
 from tutorial_lib.cluster.failures import (
     FailureModel,
     expected_replica_availability,
@@ -38,7 +39,7 @@ from tutorial_lib.cluster.failures import (
     simulate_trace,
 )
 from tutorial_lib.config import get_preset
-from tutorial_lib.perf import benchmark, environment_stamp, write_and_print
+from tutorial_lib.perf import benchmark
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 

@@ -29,19 +29,18 @@ from typing import Any
 
 import torch
 
-from tutorial_lib.config import RunPreset, get_preset
-from tutorial_lib.fp8.formats import E4M3, quantize
-from tutorial_lib.fp8.linear import scaled_gemm
-from tutorial_lib.hardware import default_device, describe_device, fp8_gemm_status
-from tutorial_lib.perf import (
-    BenchResult,
-    benchmark,
+from tutorial_lib.bench import (
     benchmark_policies,
     environment_stamp,
     markdown_table,
     results_label,
     write_results,
 )
+from tutorial_lib.config import RunPreset, get_preset
+from tutorial_lib.fp8.formats import E4M3, quantize
+from tutorial_lib.fp8.gemm import scaled_gemm
+from tutorial_lib.hardware import default_device, describe_device, fp8_gemm_status
+from tutorial_lib.perf import BenchResult, benchmark
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 # preset -> (hidden sizes, tokens) of the GEMM sweep. Small at ci: CPUs without BF16 matrix

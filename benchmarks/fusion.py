@@ -17,7 +17,7 @@ bandwidth against that minimum and, on a GPU in the spec table, the fraction of 
 HBM bandwidth. The whole-step part trains the preset's model for a few steps eager, compiled and
 (on a GPU) with our kernels, through the ladder's ``run_rung``. Everything is written through
 ``perf.write_results("fusion", ...)``: numbers are for the device this ran on, and say so.
-The measuring code is ``tutorial_lib.perf.fusion_bench`` (chapter 6 calls it too).
+The measuring code is ``tutorial_lib.bench.fusion_bench`` (chapter 6 calls it too).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 
 from tutorial_lib import kernels
+from tutorial_lib.bench import environment_stamp, write_and_print
+from tutorial_lib.bench.fusion_bench import op_cases, step_rows, time_ops
 from tutorial_lib.config import get_preset
 from tutorial_lib.hardware import default_device
-from tutorial_lib.perf import environment_stamp, write_and_print
-from tutorial_lib.perf.fusion_bench import op_cases, step_rows, time_ops
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tutorial_lib.perf import environment_stamp, write_and_print
+from tutorial_lib.bench import environment_stamp, write_and_print
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_JUNIT = REPO / "book" / "_build" / "test-report.xml"

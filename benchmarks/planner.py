@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tutorial_lib.bench import environment_stamp, write_and_print
 from tutorial_lib.cluster import (
     PLAN_POLICIES,
     TrainingJob,
@@ -36,7 +37,7 @@ from tutorial_lib.cluster import (
     random_failures,
 )
 from tutorial_lib.config import get_preset
-from tutorial_lib.perf import benchmark, environment_stamp, write_and_print
+from tutorial_lib.perf import benchmark
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 RUNS = ("quick", "default")

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
+from tutorial_lib.bench import benchmark_policies, environment_stamp, write_and_print
 from tutorial_lib.config import get_preset
 from tutorial_lib.hardware import default_device
-from tutorial_lib.perf import benchmark_policies, environment_stamp, write_and_print
 from tutorial_lib.precision import available_policies
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"

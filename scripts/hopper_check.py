@@ -319,7 +319,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def _stamp(preset: str) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))  # without an installed tutorial_lib (the device machine)
-    from tutorial_lib.perf import environment_stamp
+    from tutorial_lib.bench import environment_stamp
 
     return {**environment_stamp(), "preset": preset}
 

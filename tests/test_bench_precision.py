@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from tutorial_lib import config, perf
+from tutorial_lib import config
 from tutorial_lib.config import GPTConfig, RunPreset
 from tutorial_lib.precision import available_policies
 
@@ -141,9 +141,10 @@ def test_unknown_policy_is_an_error(
 
 def test_the_step_trains(bench: ModuleType) -> None:
     """The timed step is a real optimizer step: the weights move."""
+    from tutorial_lib.bench import make_step
     from tutorial_lib.precision import get_policy
 
-    step, model = perf.make_step(get_policy("fp32"), BENCH_TINY, 2, torch.device("cpu"))
+    step, model = make_step(get_policy("fp32"), BENCH_TINY, 2, torch.device("cpu"))
     before = [p.detach().clone() for p in model.parameters()]
     step()
     assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))

@@ -89,7 +89,7 @@ def test_shown_but_not_run_code_still_runs(capsys: pytest.CaptureFixture[str]) -
     import torch
 
     from tutorial_lib import get_preset
-    from tutorial_lib.perf import ladder
+    from tutorial_lib.bench import ladder
 
     text = (EXERCISES / "ch07.md").read_text(encoding="utf-8")
     blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)

@@ -1,11 +1,11 @@
-"""Tests for the FP8 roofline cost model (``tutorial_lib.perf.fp8_model``)."""
+"""Tests for the FP8 roofline cost model (``tutorial_lib.bench.fp8_model``)."""
 
 from __future__ import annotations
 
 import pytest
 
+from tutorial_lib.bench import GemmCost, linear_layer_cost, sweep
 from tutorial_lib.hardware import SPECS, DeviceSpec
-from tutorial_lib.perf import GemmCost, linear_layer_cost, sweep
 
 H100, H200 = SPECS["H100 SXM"], SPECS["H200"]
 GRID = [128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384]

@@ -1,4 +1,4 @@
-"""Tests for the ablation ladder (``perf.ladder``), its CLI (``bench --ladder``) and
+"""Tests for the ablation ladder (``bench.ladder``), its CLI (``bench --ladder``) and
 ``benchmarks/fusion.py``."""
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ import matplotlib.pyplot as plt
 import pytest
 
 from tutorial_lib.__main__ import main
-from tutorial_lib.config import PRESETS
-from tutorial_lib.data import TokenData
-from tutorial_lib.perf.fusion_bench import plot_op_bandwidth
-from tutorial_lib.perf.ladder import (
+from tutorial_lib.bench.fusion_bench import plot_op_bandwidth
+from tutorial_lib.bench.ladder import (
     FUSIONS,
     LADDER_MAX_LR,
     Rung,
@@ -27,6 +25,8 @@ from tutorial_lib.perf.ladder import (
     plot_ladder_losses,
     run_ladder,
 )
+from tutorial_lib.config import PRESETS
+from tutorial_lib.data import TokenData
 
 # The conftest TINY model at the ci preset's learning rate; 4 steps of 2 sequences.
 PRESET = dataclasses.replace(

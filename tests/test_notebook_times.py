@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from tutorial_lib.perf import load_results
+from tutorial_lib.bench import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>

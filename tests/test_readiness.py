@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_lib import readiness
+from tutorial_lib import machine_probe, readiness
 from tutorial_lib.__main__ import main
 from tutorial_lib.readiness import (
     GPU,
@@ -84,8 +84,8 @@ def status_of(report: readiness.Readiness) -> dict[str, str]:
 @pytest.fixture
 def ample_resources(monkeypatch: pytest.MonkeyPatch) -> None:
     """RAM and free disk vary from machine to machine; the software checks must not."""
-    monkeypatch.setattr(readiness, "_ram_total", lambda: 2 * MIN_RAM_BYTES)
-    monkeypatch.setattr(readiness, "_disk_free", lambda path: 2 * MIN_DISK_BYTES)
+    monkeypatch.setattr(machine_probe, "_ram_total", lambda: 2 * MIN_RAM_BYTES)
+    monkeypatch.setattr(machine_probe, "_disk_free", lambda path: 2 * MIN_DISK_BYTES)
 
 
 def test_this_machine_is_ready(ample_resources: None) -> None:
@@ -139,11 +139,11 @@ def test_every_check_has_a_row_and_problems_have_fixes() -> None:
 
 def test_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     absent = {"ipywidgets", "triton", "jupyterlab", "notebook"}
-    real = readiness._package_version
+    real = machine_probe._package_version
     monkeypatch.setattr(
-        readiness, "_package_version", lambda name: None if name in absent else real(name)
+        machine_probe, "_package_version", lambda name: None if name in absent else real(name)
     )
-    monkeypatch.setattr(readiness.sys, "platform", "linux")
+    monkeypatch.setattr(machine_probe.sys, "platform", "linux")
     report = check_readiness()
     assert not report.ready
     stack = row(report, "notebook stack")
@@ -163,7 +163,7 @@ def test_classic_notebook_is_enough() -> None:
 
 
 def test_low_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(readiness, "_ram_total", lambda: 4 * GiB)
+    monkeypatch.setattr(machine_probe, "_ram_total", lambda: 4 * GiB)
     report = check_readiness()
     ram = row(report, "RAM")
     assert ram.status == MISSING
@@ -174,12 +174,12 @@ def test_low_memory(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_ram_without_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil now raises ImportError
-    total = readiness._ram_total()
+    total = machine_probe._ram_total()
     assert total is not None and total > 0
 
 
 def test_low_disk(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(readiness, "_disk_free", lambda path: GiB // 2)
+    monkeypatch.setattr(machine_probe, "_disk_free", lambda path: GiB // 2)
     report = check_readiness()
     disk = row(report, "disk")
     assert disk.status == MISSING and disk.detail.startswith("0.5 GiB free in ")
@@ -187,8 +187,8 @@ def test_low_disk(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sm80_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(readiness, "_torch", lambda: ("2.7.1+cu126", "12.6", A100))
-    monkeypatch.setattr(readiness, "_te", lambda: (False, "no module named transformer_engine"))
+    monkeypatch.setattr(machine_probe, "_torch", lambda: ("2.7.1+cu126", "12.6", A100))
+    monkeypatch.setattr(machine_probe, "_te", lambda: (False, "no module named transformer_engine"))
     report = check_readiness()
     assert report.ready, format_readiness(report)
     assert report.preset == "ci"
@@ -206,8 +206,8 @@ def test_sm80_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_hopper_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(readiness, "_torch", lambda: ("2.7.1+cu128", "12.8", H100))
-    monkeypatch.setattr(readiness, "_te", lambda: (False, "no module named transformer_engine"))
+    monkeypatch.setattr(machine_probe, "_torch", lambda: ("2.7.1+cu128", "12.8", H100))
+    monkeypatch.setattr(machine_probe, "_te", lambda: (False, "no module named transformer_engine"))
     report = check_readiness()
     assert report.preset == "hopper"
     assert "hopper ready" in row(report, "GPU").detail
@@ -307,7 +307,7 @@ def test_cli_ready(ample_resources: None, capsys: pytest.CaptureFixture[str]) ->
 def test_cli_not_ready_exit_codes(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(readiness, "_ram_total", lambda: 2 * GiB)
+    monkeypatch.setattr(machine_probe, "_ram_total", lambda: 2 * GiB)
     code, out = _run(["info"], capsys)
     assert code == 0 and out.rstrip().splitlines()[-1].startswith("NOT READY: RAM:")
     code, out = _run(["info", "--strict"], capsys)

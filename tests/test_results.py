@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tutorial_lib.hardware import describe_device
-from tutorial_lib.perf import (
+from tutorial_lib.bench import (
     environment_stamp,
     latest_hopper_results,
     load_results,
@@ -20,7 +19,8 @@ from tutorial_lib.perf import (
     results_label,
     write_results,
 )
-from tutorial_lib.perf import results as results_mod
+from tutorial_lib.bench import results as results_mod
+from tutorial_lib.hardware import describe_device
 
 STAMP_KEYS = {
     "date",
@@ -259,7 +259,7 @@ def test_a_ci_run_on_hopper_is_not_a_hopper_result(tmp_path: Path) -> None:
 
 
 def test_default_results_dir_does_not_depend_on_the_working_directory(tmp_path, monkeypatch):
-    from tutorial_lib.perf import results
+    from tutorial_lib.bench import results
 
     repo = Path(results.__file__).resolve().parents[2]
     monkeypatch.delenv(results.RESULTS_ENV, raising=False)

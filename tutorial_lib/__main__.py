@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 
 from . import __version__
+from .bench.ladder import FUSIONS
+from .bench.results import DEFAULT_DIR
 from .config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
 from .hardware import default_device, describe_device, fp8_gemm_status, te_available
-from .perf.ladder import FUSIONS
-from .perf.results import DEFAULT_DIR
 from .precision import available_policies
 
 __all__ = ["main", "build_parser"]
@@ -147,10 +147,9 @@ def _info(args: argparse.Namespace) -> int:
     if dev.spec is None:
         print("spec:    not in the spec table -> MFU is reported as unavailable")
     else:
-        peaks = ", ".join(f"{k} {v:.0f}" for k, v in report["spec"]["peak_tflops"].items())
-        print(
-            f"spec:    {dev.spec.name}: peak TFLOP/s {peaks}; HBM {report['spec']['hbm_tb_s']} TB/s"
-        )
+        peaks = ", ".join(f"{k} {v / 1e12:.0f}" for k, v in dev.spec.peak_flops.items())
+        hbm_tb_s = dev.spec.hbm_bandwidth / 1e12
+        print(f"spec:    {dev.spec.name}: peak TFLOP/s {peaks}; HBM {hbm_tb_s} TB/s")
     if preset is None:
         print(f"preset:  none ({preset_why})")
     else:
@@ -246,8 +245,8 @@ def _bench(args: argparse.Namespace) -> int:
             "Choose a benchmark: --ladder (the others are scripts: benchmarks/precision.py, "
             "benchmarks/fp8.py, benchmarks/fusion.py)."
         )
-    from .perf import environment_stamp, write_and_print
-    from .perf.ladder import ladder_meta, ladder_rungs, ladder_table, run_ladder
+    from .bench import environment_stamp, write_and_print
+    from .bench.ladder import ladder_meta, ladder_rungs, ladder_table, run_ladder
 
     preset = get_preset(args.preset)
     rungs = ladder_rungs(args.fusion)

@@ -9,8 +9,9 @@ A run is described by a ``ModelRecipe`` (precision, fused kernels, compile, tens
 2. **Precision backend.** The precision policy's ``prepare_model`` swaps the Linear layers
    (``fp8``: ``FP8Linear``; ``te-fp8``: Transformer Engine modules). Other policies change
    nothing here; they act per step (autocast, TF32, loss scaling) in the ``Trainer``.
-3. **Parallelism.** ``tp=TPSpec(group, shard_map)``: this rank's shards of the full model
-   (``parallel.tp.parallelize``), from the same seeded full weights on every rank.
+3. **Parallelism.** ``tp=parallel.TPSpec(group, shard_map)``: this rank's shards of the full
+   model (``TPSpec.apply``, i.e. ``parallel.tp.parallelize``), from the same seeded full weights
+   on every rank.
 4. **Device**, then 5. **compilation** (``nn.Module.compile``: the module stays a ``GPT`` with
    the same parameter names, so checkpoints do not depend on it).
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,19 +31,10 @@ from .layers import LayerFactory, TorchLayers
 from .model import GPT
 from .precision import PrecisionPolicy, get_policy
 
-if TYPE_CHECKING:
-    from .parallel.shard import ShardMap
+if TYPE_CHECKING:  # for annotations only: build_model calls tp.apply, never imports parallel/
+    from .parallel.tp import TPSpec
 
-__all__ = ["ModelRecipe", "TPSpec", "build_model", "recipe_of"]
-
-
-@dataclass(frozen=True)
-class TPSpec:
-    """Tensor parallelism for ``build_model``: the process group and who holds which shard."""
-
-    group: Any  # a torch.distributed ProcessGroup (or our spawned-CPU group)
-    shard_map: ShardMap
-    rank: int | None = None  # the rank within ``group``; None: ask the group
+__all__ = ["ModelRecipe", "build_model", "recipe_of"]
 
 
 @dataclass(frozen=True)
@@ -115,14 +107,18 @@ def build_model(
         model.load_state_dict(weights)
     # 2. precision backend
     if policy.prepare_model is not None:
-        model = policy.prepare_model(model)
+        prepared = policy.prepare_model(model)  # swaps layers in place and returns the model
+        if not isinstance(prepared, GPT):
+            raise TypeError(
+                f"Precision {precision!r}: prepare_model returned a "
+                f"{type(prepared).__name__}, not the GPT it was given."
+            )
+        model = prepared
     # 3. parallelism
     degree = 1
     if tp is not None:
-        from .parallel.tp import parallelize
-
-        model = parallelize(model.to(dev), tp.group, tp.shard_map, tp.rank)
-        degree = tp.shard_map.tp
+        model = tp.apply(model.to(dev))
+        degree = tp.degree
     # 4. device, 5. compilation
     model = model.to(dev)
     if compile:

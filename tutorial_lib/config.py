@@ -13,13 +13,18 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
 from .checks import check_positive_ints
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
     "GPTConfig",
+    "GPTConfigOverrides",
     "MODEL_SIZES",
     "RunPreset",
     "PRESETS",
@@ -27,6 +32,18 @@ __all__ = [
     "detect_preset_name",
     "preset_for_capability",
 ]
+
+
+class GPTConfigOverrides(TypedDict, total=False):
+    """Fields of ``GPTConfig`` to override (``from_name``, ``replace``, ``RunPreset``)."""
+
+    vocab_size: int
+    block_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    dropout: float
+    bias: bool
 
 
 @dataclass(frozen=True)
@@ -69,13 +86,13 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @classmethod
-    def from_name(cls, name: str, **overrides: object) -> GPTConfig:
+    def from_name(cls, name: str, **overrides: Unpack[GPTConfigOverrides]) -> GPTConfig:
         """A named size (``tiny``, ``gpt2-124m``, ...), optionally with fields overridden."""
         if name not in MODEL_SIZES:
             raise KeyError(f"Unknown model size {name!r}. Available: {', '.join(MODEL_SIZES)}.")
         return dataclasses.replace(MODEL_SIZES[name], **overrides)
 
-    def replace(self, **overrides: object) -> GPTConfig:
+    def replace(self, **overrides: Unpack[GPTConfigOverrides]) -> GPTConfig:
         return dataclasses.replace(self, **overrides)
 
 
@@ -122,7 +139,7 @@ class RunPreset:
 
     name: str
     model: str
-    model_overrides: dict[str, object] = field(default_factory=dict)
+    model_overrides: GPTConfigOverrides = field(default_factory=GPTConfigOverrides)
     batch_size: int = 16
     grad_accum: int = 1
     steps: int = 100
@@ -138,8 +155,9 @@ class RunPreset:
     ladder_steps: int = 100
     sample_tokens: int = 200
 
-    def model_config(self, **overrides: object) -> GPTConfig:
-        return GPTConfig.from_name(self.model, **{**self.model_overrides, **overrides})
+    def model_config(self, **overrides: Unpack[GPTConfigOverrides]) -> GPTConfig:
+        merged: GPTConfigOverrides = {**self.model_overrides, **overrides}
+        return GPTConfig.from_name(self.model, **merged)
 
     @property
     def tokens_per_step(self) -> int:

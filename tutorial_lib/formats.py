@@ -94,7 +94,7 @@ class FloatFormat:
     @property
     def emax(self) -> int:
         """Unbiased exponent of the largest finite number."""
-        top = 2**self.exp_bits - 1 - self.bias  # type: ignore[operator]
+        top = 2**self.exp_bits - 1 - self.bias
         return top - 1 if self.nan_encoding == "ieee" else top
 
     @property

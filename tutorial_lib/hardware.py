@@ -336,7 +336,8 @@ def fp8_gemm_status(device: torch.device | str | None = None) -> tuple[bool, str
         )
     if not info.fp8_supported:
         cc = info.compute_capability
-        return False, f"{info.name} is sm_{cc[0]}{cc[1]}; FP8 tensor cores need sm_89+ (Ada/Hopper)"
+        arch = "of unknown compute capability" if cc is None else f"sm_{cc[0]}{cc[1]}"
+        return False, f"{info.name} is {arch}; FP8 tensor cores need sm_89+ (Ada/Hopper)"
     return True, f"{info.name} has FP8 tensor cores"
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import flops
 from .config import GPTConfig
 from .layers import LayerFactory, TorchLayers
 
@@ -141,12 +142,13 @@ class GPT(nn.Module):
         plus the LM head, 2 V C. Backward costs twice the forward, so training is
         6 N + 12 L T C with N = 12 L C^2 + V C, the Kaplan/PaLM formula. LayerNorm, GELU,
         softmax and adds are ignored: they are memory-bound and a few percent of the FLOPs.
+        The formulas live in ``tutorial_lib.flops``, shared with the cluster cost model.
         """
         c = self.config
-        T = seq_len or c.block_size
-        n_matmul = 12 * c.n_layer * c.n_embd**2 + c.vocab_size * c.n_embd
-        forward = 2 * n_matmul + 4 * c.n_layer * T * c.n_embd
-        return float(3 * forward if training else forward)
+        size = (c.n_layer, c.n_embd, seq_len or c.block_size, c.vocab_size)
+        if training:
+            return flops.training_flops_per_token(*size)
+        return float(flops.forward_flops_per_token(*size))
 
     # ---- sampling --------------------------------------------------------------------------
     @torch.no_grad()
@@ -264,8 +266,8 @@ def flops_breakdown(cfg: GPTConfig, seq_len: int | None = None) -> dict[str, flo
     ``GPT.flops_per_token(training=False)`` (multiply by 3 for forward + backward)."""
     T, C, L = seq_len or cfg.block_size, cfg.n_embd, cfg.n_layer
     return {
-        "attention projections (QKV, out)": 2.0 * L * 4 * C * C,
-        "attention scores + weighted sum": 4.0 * L * T * C,
-        "MLP": 2.0 * L * 8 * C * C,
-        "LM head": 2.0 * cfg.vocab_size * C,
+        "attention projections (QKV, out)": float(L * flops.attention_linear_flops(C)),
+        "attention scores + weighted sum": float(L * flops.attention_score_flops(T, C)),
+        "MLP": float(L * flops.mlp_flops(C)),
+        "LM head": float(flops.lm_head_flops(C, cfg.vocab_size)),
     }

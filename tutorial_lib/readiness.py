@@ -2,9 +2,10 @@
 
 Two halves, so that the checks can be tested without the machine they describe:
 
-- ``gather_machine()`` probes this machine (Python, packages, GPU, disk, RAM, compiler, the
-  ``TUTORIAL_PRESET`` variable) into a plain ``Machine`` record. Each probe is a small module-level
-  function, which tests replace with ``monkeypatch``.
+- ``gather_machine()`` (in ``tutorial_lib.machine_probe``, re-exported here) probes this machine
+  (Python, packages, GPU, disk, RAM, compiler, the ``TUTORIAL_PRESET`` variable) into a plain
+  ``Machine`` record. Each probe is a small function there, which tests replace with
+  ``monkeypatch``.
 - ``evaluate(machine)`` is pure: it turns a ``Machine`` into one ``Check`` row per requirement
   (status ``ok``, ``missing`` or ``optional``, a detail and, for each problem, the fix) and a
   verdict. ``missing`` blocks the workshop; ``optional`` does not.
@@ -14,15 +15,11 @@ Two halves, so that the checks can be tested without the machine they describe:
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import os
-import shutil
-import sys
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from .machine_probe import _JUPYTER_FRONTENDS, GPU, NOTEBOOK_PACKAGES, Machine, gather_machine
 
 __all__ = [
     "OK",
@@ -50,10 +47,6 @@ MIN_PYTHON = (3, 10)
 MIN_TORCH = (2, 6)  # pyproject.toml: torch>=2.6
 MIN_DISK_BYTES = 2 * 2**30
 MIN_RAM_BYTES = 7 * 2**30  # an "8 GB" laptop reports about 7.6-7.8 GiB in total
-# The notebook stack besides JupyterLab (or the classic notebook), in import names.
-NOTEBOOK_PACKAGES = ("ipykernel", "ipywidgets", "matplotlib", "tqdm")
-_JUPYTER_FRONTENDS = ("jupyterlab", "notebook")
-_PROBED = (*_JUPYTER_FRONTENDS, *NOTEBOOK_PACKAGES, "triton")
 _GiB = 2**30
 
 
@@ -65,35 +58,6 @@ class Check:
     status: str  # OK, MISSING or OPTIONAL
     detail: str
     fix: str = ""
-
-
-@dataclass(frozen=True)
-class GPU:
-    name: str
-    capability: tuple[int, int]
-
-    @property
-    def sm(self) -> str:
-        return f"sm_{self.capability[0]}{self.capability[1]}"
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the checks look at; ``gather_machine()`` fills it in for this machine."""
-
-    python: tuple[int, int, int]
-    platform: str  # sys.platform: "linux", "darwin", "win32"
-    torch_version: str | None  # None: torch does not import
-    torch_cuda: str | None  # torch.version.cuda; None for a CPU build
-    packages: Mapping[str, str | None] = field(default_factory=dict)  # import name -> version
-    gpu: GPU | None = None  # CUDA device 0, if torch sees one
-    nvidia_smi: bool = False  # an NVIDIA driver is installed (nvidia-smi on PATH)
-    cxx: str | None = None  # the C++ compiler torch.compile would find
-    disk_free: int | None = None  # bytes free where the check runs
-    ram_total: int | None = None  # bytes of physical memory
-    preset_env: str | None = None  # $TUTORIAL_PRESET, if set and not empty
-    te: tuple[bool, str] = (False, "not checked")  # hardware.te_available()
-    cwd: str = "."
 
 
 @dataclass(frozen=True)
@@ -126,96 +90,6 @@ class Readiness:
             "verdict": self.verdict,
             "checks": [asdict(c) for c in self.checks],
         }
-
-
-# ---- probes (each replaced in tests) --------------------------------------------------------
-
-
-def _package_version(name: str) -> str | None:
-    """The installed version of the importable module ``name``, "?" if unknown, None if absent.
-
-    ``find_spec`` finds the module without importing it (importing JupyterLab takes seconds).
-    """
-    try:
-        if importlib.util.find_spec(name) is None:
-            return None
-    except (ImportError, ValueError):
-        return None
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
-
-
-def _torch() -> tuple[str | None, str | None, GPU | None]:
-    """(torch version, its CUDA version, CUDA device 0) or Nones when torch does not import."""
-    try:
-        import torch
-    except Exception:  # ImportError, or a broken install's own error
-        return None, None, None
-    from .hardware import cuda_capability
-
-    found = cuda_capability("cuda:0") if torch.cuda.is_available() else None
-    gpu = GPU(*found) if found else None
-    return torch.__version__, torch.version.cuda, gpu
-
-
-def _cxx() -> str | None:
-    """The C++ compiler: $CXX if set, else the first of g++, c++, clang++ on PATH."""
-    if os.environ.get("CXX"):
-        return shutil.which(os.environ["CXX"]) or None
-    for name in ("g++", "c++", "clang++"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def _disk_free(path: str | Path) -> int | None:
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
-
-
-def _ram_total() -> int | None:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:  # psutil is a dev dependency; fall back to sysconf
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _te() -> tuple[bool, str]:
-    from .hardware import te_available
-
-    return te_available()
-
-
-def gather_machine(path: str | Path = ".") -> Machine:
-    """Probe this machine; ``path`` is where disk space is measured (the working directory)."""
-    torch_version, torch_cuda, gpu = _torch()
-    preset = os.environ.get("TUTORIAL_PRESET", "").strip().lower() or None
-    return Machine(
-        python=tuple(sys.version_info[:3]),  # type: ignore[arg-type]
-        platform=sys.platform,
-        torch_version=torch_version,
-        torch_cuda=torch_cuda,
-        packages={name: _package_version(name) for name in _PROBED},
-        gpu=gpu,
-        nvidia_smi=shutil.which("nvidia-smi") is not None,
-        cxx=_cxx(),
-        disk_free=_disk_free(path),
-        ram_total=_ram_total(),
-        preset_env=preset,
-        te=_te(),
-        cwd=str(Path(path).resolve()),
-    )
 
 
 # ---- the checks (pure) ----------------------------------------------------------------------

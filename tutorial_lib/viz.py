@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, SubFigure
+from matplotlib.rcsetup import cycler
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 __all__ = ["BOOK_STYLE", "use_book_style", "loss_curve", "label_hardware"]
 
-BOOK_STYLE: dict[str, object] = {
+BOOK_STYLE: dict[RcKeyType, object] = {
     "figure.figsize": (7.0, 4.0),
     "figure.dpi": 110,
     "savefig.dpi": 150,
@@ -25,7 +30,7 @@ BOOK_STYLE: dict[str, object] = {
     "axes.labelsize": 10,
     "legend.frameon": False,
     "lines.linewidth": 1.8,
-    "axes.prop_cycle": mpl.cycler(
+    "axes.prop_cycle": cycler(
         color=["#76b900", "#1f77b4", "#d62728", "#9467bd", "#ff7f0e", "#17becf", "#7f7f7f"]
     ),
 }
@@ -55,11 +60,12 @@ def loss_curve(
     hardware: str | None = None,
     smooth: int = 1,
     ax: Axes | None = None,
-) -> Figure:
+) -> Figure | SubFigure:
     """Plot train loss (lines) and validation loss (markers) per step for one or more runs.
 
     ``runs`` maps a label to a Trainer history (a list of per-step metric dicts).
     ``smooth`` > 1 applies a trailing moving average to the train loss.
+    Returns the figure ``ax`` is in (a ``SubFigure`` if ``ax`` belongs to one).
     """
     if ax is None:
         _, ax = plt.subplots()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..flops import training_flops_per_token
 from .specs import RECOMPUTE, ClusterSpec, ModelSpec, ParallelConfig, check_config
 from .tp_traffic import ring_allreduce_bytes, tp_layer_comm_bytes
 
@@ -78,8 +79,9 @@ class Breakdown:
 
 def training_flops(model: ModelSpec, batch: int, recompute: str = "none") -> float:
     """GEMM FLOPs of one training iteration on ``batch`` sequences (Narayanan et al. 2021, eq. 3
-    and appendix). Per token and layer the forward costs 8h^2 + 4hf (QKV, projection, MLP) plus
-    4sh (Q K^T and attention x V); the logit layer 2hV. Backward is twice the forward.
+    and appendix): ``batch x seq`` tokens at ``flops.training_flops_per_token``. Per token and
+    layer the forward costs 8h^2 + 4hf (QKV, projection, MLP) plus 4sh (Q K^T and attention x
+    V); the logit layer 2hV. Backward is twice the forward.
 
     - ``none``: 72 B s l h^2 (1 + s/(6h) + V/(12hl)) for f = 4h.
     - ``full``: one more forward of every layer, 96 B s l h^2 (1 + s/(6h) + V/(16lh)).
@@ -90,13 +92,9 @@ def training_flops(model: ModelSpec, batch: int, recompute: str = "none") -> flo
       GPT-3-sized step)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}.")
-    h, s, f = model.hidden, model.seq, model.ffn
-    layer_fwd = 8 * h * h + 4 * h * f + 4 * s * h  # type: ignore[operator]
-    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[recompute]
-    per_token = model.layers * passes * layer_fwd + 3 * 2 * h * model.vocab
-    if recompute == "selective":
-        per_token += model.layers * 12 * s * h
-    return float(batch * s * per_token)
+    m = model
+    per_token = training_flops_per_token(m.layers, m.hidden, m.seq, m.vocab, m.ffn, recompute)
+    return float(batch * m.seq * per_token)
 
 
 def tp_comm_bytes_per_layer(model: ModelSpec, par: ParallelConfig) -> float:

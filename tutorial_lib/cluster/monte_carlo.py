@@ -23,7 +23,7 @@ from .replica_cost import TrainingJob
 __all__ = ["throughput_samples", "availability_samples", "SpareResult", "spare_domains"]
 
 
-def _check_fractions(fractions: Sequence[float], samples: int) -> np.ndarray:
+def _check_fractions(fractions: Sequence[float] | np.ndarray, samples: int) -> np.ndarray:
     f = np.asarray(fractions, dtype=np.float64).ravel()
     if f.size == 0 or not np.all((f >= 0) & (f <= 1)):
         raise ValueError(f"failed fractions must lie in [0, 1], got {list(f)}.")
@@ -31,7 +31,9 @@ def _check_fractions(fractions: Sequence[float], samples: int) -> np.ndarray:
     return f
 
 
-def _nested_failures(n_gpus: int, fractions: np.ndarray, samples: int, seed: int):
+def _nested_failures(
+    n_gpus: int, fractions: np.ndarray, samples: int, seed: int
+) -> tuple[list[int], list[np.ndarray]]:
     """Per sample, one random order of the GPUs; fraction f fails its first round(f n). Nested,
     so each sample's curve is the same cluster failing further."""
     rng = np.random.default_rng(seed)
@@ -42,7 +44,7 @@ def _nested_failures(n_gpus: int, fractions: np.ndarray, samples: int, seed: int
 
 def throughput_samples(
     job: TrainingJob,
-    fractions: Sequence[float],
+    fractions: Sequence[float] | np.ndarray,
     samples: int,
     seed: int = 0,
     policies: Sequence[str] = PLAN_POLICIES,
@@ -64,7 +66,7 @@ def availability_samples(
     n_gpus: int,
     domain_size: int,
     tps: Sequence[int],
-    fractions: Sequence[float],
+    fractions: Sequence[float] | np.ndarray,
     samples: int,
     seed: int = 0,
 ) -> dict[int, np.ndarray]:

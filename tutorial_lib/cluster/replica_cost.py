@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..checks import check_int
+from ..flops import TRAIN_MULTIPLIER, layer_training_flops, lm_head_flops
 from ..hardware import SPECS
 from .cost_terms import (
     ACTIVATION_PASSES,
@@ -280,15 +281,14 @@ class TrainingJob:
 
 def _shard_imbalance(model: ModelSpec, tp: int, recompute: str) -> float:
     """GEMM FLOPs of the busiest rank over the mean when heads and FFN columns are whole units:
-    the attention side (QKV, projection, Q K^T, attention x V; 8h^2 + 4sh per token and layer
-    forward) scales with ceil(heads/t) t/heads, the MLP (4hf) with ceil(ffn/t) t/ffn; the
-    vocabulary-parallel logits (6hV per token) split evenly. 1.0 when t divides both."""
-    h, s, f, a = model.hidden, model.seq, model.ffn, model.heads
-    passes = 4 if recompute == "full" else 3
-    attn = passes * (8 * h * h + 4 * s * h) + (12 * s * h if recompute == "selective" else 0)
-    mlp = passes * 4 * h * f  # type: ignore[operator]
+    the attention side of ``flops.layer_training_flops`` (QKV, projection, Q K^T, attention x V;
+    8h^2 + 4sh per token and layer forward) scales with ceil(heads/t) t/heads, the MLP (4hf)
+    with ceil(ffn/t) t/ffn; the vocabulary-parallel logits (6hV per token) split evenly. 1.0
+    when t divides both."""
+    f, a = model.ffn, model.heads
+    attn, mlp = layer_training_flops(model.hidden, model.seq, f, recompute)
     fa, ff = math.ceil(a / tp) * tp / a, math.ceil(f / tp) * tp / f  # type: ignore[operator]
-    logits = 6 * h * model.vocab
+    logits = TRAIN_MULTIPLIER * lm_head_flops(model.hidden, model.vocab)
     return (model.layers * (attn * fa + mlp * ff) + logits) / (model.layers * (attn + mlp) + logits)
 
 

@@ -74,9 +74,14 @@ class ModelSpec:
             seq=cfg.block_size,
         )
 
+    @property
+    def ffn_width(self) -> int:
+        """The MLP's hidden width (``ffn``, which ``__post_init__`` fills in when not given)."""
+        return 4 * self.hidden if self.ffn is None else self.ffn
+
     def layer_params(self) -> int:
         """QKV and projection 4h^2 + 4h, MLP 2hf + f + h, two LayerNorms 4h."""
-        h, f = self.hidden, self.ffn
+        h, f = self.hidden, self.ffn_width
         return 4 * h * h + 2 * h * f + f + 9 * h
 
     def params(self) -> int:
@@ -240,7 +245,7 @@ def check_config(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) ->
     problems = []
     if par.tp * par.pp * par.dp != cluster.n_gpus:
         problems.append(f"tp x pp x dp = {par.tp * par.pp * par.dp} != n_gpus={cluster.n_gpus}")
-    if model.heads % par.tp or model.ffn % par.tp:  # type: ignore[operator]
+    if model.heads % par.tp or model.ffn_width % par.tp:
         problems.append(f"tp={par.tp} must divide heads={model.heads} and ffn={model.ffn}")
     if cluster.domain_size % par.tp:
         problems.append(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import flops
 from ..checks import check_positive_int
 from ..hardware import SPECS, DeviceSpec
 
@@ -85,9 +86,9 @@ def tp_layer_comm_bytes(
 
 
 def tp_layer_flops(batch: int, seq: int, hidden: int, tp: int, backward: bool = True) -> float:
-    """GEMM FLOPs one TP rank does per layer: 24 b s h^2 forward (x3 with backward), / t."""
-    forward = 24.0 * batch * seq * hidden**2
-    return (3.0 if backward else 1.0) * forward / tp
+    """GEMM FLOPs one TP rank does per layer: 24 b s h^2 forward (x3 with backward), / t
+    (``flops.tp_layer_flops`` for b s tokens)."""
+    return flops.tp_layer_flops(batch * seq, hidden, tp, backward)
 
 
 def tp_network_intensity(hidden: int, tp: int, dtype_bytes: int = 2) -> float:

@@ -2,9 +2,9 @@
 
 Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (the
 ``DelayedScaling`` recipe, per-module state, the update rule, amax reduction), ``stats``
-(quantization statistics and capture of a model's GEMM operands), ``linear`` (``FP8Linear``,
-``scaled_gemm``: ``torch._scaled_mm`` on FP8 GPUs, an exact FP32 emulation elsewhere;
-``convert_to_fp8``), ``autocast`` (the FP8 region, named and behaving like
+(quantization statistics and capture of a model's GEMM operands), ``gemm`` (``scaled_gemm``:
+``torch._scaled_mm`` on FP8 GPUs, ``emulated_gemm``, an exact FP32 emulation, elsewhere),
+``linear`` (``FP8Linear`` and ``convert_to_fp8``), ``autocast`` (the FP8 region, named and behaving like
 ``transformer_engine.pytorch.autocast``), ``policy`` (the ``fp8`` precision policy), and the
 optional Transformer Engine backend: ``te_contract`` (the TE API it relies on, checked against
 TE's source; the guarded TE import), ``te_convert`` (``TELayers``, ``convert_to_te``, fused or
@@ -28,14 +28,8 @@ from .formats import (
     get_fp8_format,
     quantize,
 )
-from .linear import (
-    FP8_MIN_CC,
-    FP8Linear,
-    convert_to_fp8,
-    emulated_gemm,
-    fp8_layer_problems,
-    scaled_gemm,
-)
+from .gemm import emulated_gemm, scaled_gemm
+from .linear import FP8_MIN_CC, FP8Linear, convert_to_fp8, fp8_layer_problems
 from .policy import (
     FP8_LOSS_TOLERANCE,
     FP8_POLICY_NAME,
@@ -100,10 +94,11 @@ __all__ = [
     "autocast",
     "get_autocast_state",
     "is_fp8_enabled",
-    # linear
-    "FP8Linear",
+    # gemm
     "scaled_gemm",
     "emulated_gemm",
+    # linear
+    "FP8Linear",
     "FP8_MIN_CC",
     "convert_to_fp8",
     "fp8_layer_problems",

@@ -13,25 +13,8 @@ As in TE, the output's amax (column GEMM1_OUTPUT) is recorded only when the outp
 and grad_input's (GRAD_INPUT1) only when grad_input is FP8; here neither is, so those columns
 stay zero and their scales stay 1.
 
-Where the GEMMs run (``scaled_gemm``):
-    CUDA sm_89+   ``torch._scaled_mm`` (FP8 tensor cores; the second operand made column-major).
-                  A GEMM with a dimension that is not a multiple of 16 (``_scaled_mm``'s rule;
-                  TE asks only 8 of the token count) runs on the emulation path instead.
-    CUDA < sm_89  a RuntimeError, unless emulation was asked for (``emulate=True`` on the
-                  module, the ``autocast`` or the ``fp8`` policy): never a silent fallback.
-    CPU           always the emulation. A CPU has no FP8 units, and ``torch._scaled_mm``'s CPU
-                  kernel is itself an emulation whose speed depends on the CPU (on some Xeons it
-                  is about 1000x slower than an FP32 matmul of the same shape), so it is never
-                  called on a CPU: an FP8 GEMM costs an FP32 GEMM plus the widening casts.
-    emulation     widen both FP8 operands to float32 (exact), float32 matmul, then multiply by
-                  both scale inverses, add bias, round to the output dtype. Every product of two
-                  FP8 values is exact in float32 (at most 4 x 4 significant bits, and far from
-                  float32's exponent limits), so the only roundings are float32 accumulation,
-                  the scaling and the output cast. The scales are applied to the accumulated sum,
-                  as cuBLASLt does on the GPU (torch's CPU ``_scaled_mm`` scales the operands
-                  first); both stay within float32 accumulation rounding of a float64 reference
-                  (tested). Hopper's FP8 tensor cores accumulate in their own way, so GPU and CPU
-                  agree to accumulation rounding, not bit for bit.
+The GEMMs run in ``fp8.gemm.scaled_gemm``: ``torch._scaled_mm`` on FP8 GPUs (sm_89+), an exact
+FP32 emulation (``emulated_gemm``) everywhere else, never ``_scaled_mm`` on a CPU.
 
 State: the forward/backward scaling state lives in six float32 buffers (``fp8_amax_history_fwd``
 (L, 3), ``fp8_scale_fwd`` (3,), ``fp8_scale_inv_fwd`` (3,) and the ``_bwd`` ones with 2 columns),
@@ -51,6 +34,7 @@ from torch import nn
 from ..hardware import cuda_capability
 from .autocast import FP8AutocastState, _BackwardStep, get_autocast_state, register_fp8_run
 from .formats import quantize
+from .gemm import scaled_gemm
 from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, GRAD_OUTPUT1, FP8ModuleState, ScalingMeta
 from .stats import QuantStats, quant_stats
 
@@ -59,9 +43,7 @@ __all__ = [
     "FP8_MIN_CC",
     "convert_to_fp8",
     "convertible_linears",
-    "emulated_gemm",
     "fp8_layer_problems",
-    "scaled_gemm",
 ]
 
 FP8_MIN_CC = (8, 9)  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90)
@@ -77,59 +59,11 @@ _STAT_SLOTS = {
 }
 
 
-# ---- GEMMs -------------------------------------------------------------------------------------
-def scaled_gemm(
-    a: torch.Tensor,
-    a_inv: torch.Tensor,
-    b: torch.Tensor,
-    b_inv: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out_dtype: torch.dtype = torch.float32,
-    emulate: bool = False,
-) -> torch.Tensor:
-    """``(a * a_inv) @ (b * b_inv) + bias`` for FP8 ``a`` (M, K), ``b`` (K, N), in ``out_dtype``.
-
-    ``a_inv``/``b_inv`` are the scale inverses (0-d float32). On CUDA: ``torch._scaled_mm``
-    unless ``emulate`` or a dimension is not a multiple of 16; elsewhere the emulation
-    (module docstring), whose speed is that of a float32 matmul on the device at hand.
-    """
-    if not a.is_cuda or any(d % 16 for d in (*a.shape, b.shape[1])):
-        emulate = True  # no FP8 units (CPU), or _scaled_mm's divisible-by-16 rule on CUDA
-    if emulate:
-        return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
-    fused = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
-    out = torch._scaled_mm(
-        a.contiguous(),
-        b.t().contiguous().t(),
-        scale_a=a_inv,
-        scale_b=b_inv,
-        bias=bias if fused else None,
-        out_dtype=out_dtype,
-    )
-    return out + bias if bias is not None and not fused else out
-
-
-def emulated_gemm(
-    a: torch.Tensor,
-    a_inv: torch.Tensor,
-    b: torch.Tensor,
-    b_inv: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out_dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """The FP8 GEMM without FP8 units, in the GPU's order: exact FP8 products summed in float32,
-    times ``a_inv * b_inv``, plus bias in float32, rounded once to ``out_dtype``. Autocast is
-    switched off inside, so the matmul stays float32 even when called under BF16 autocast."""
-    with torch.autocast(a.device.type, enabled=False):
-        out = (a.float() @ b.float()) * (a_inv.float() * b_inv.float())
-        return (out if bias is None else out + bias.float()).to(out_dtype)
-
-
 class _FP8LinearFunction(torch.autograd.Function):
     """FP8 GEMMs forward (E4M3 x E4M3) and backward (grad format x E4M3), delayed scaling."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor,
@@ -154,7 +88,7 @@ class _FP8LinearFunction(torch.autograd.Function):
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x_fp8, w_fp8, x_inv, w_inv = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dgrad = wgrad = bgrad = None
@@ -241,17 +175,23 @@ class FP8Linear(nn.Linear):
                 self.register_buffer(name, getattr(meta, key))
         self._bind_state()
 
+    def _buffer(self, name: str) -> torch.Tensor:
+        buf = self._buffers[name]
+        if buf is None:
+            raise RuntimeError(f"FP8Linear lost its scaling buffer {name!r}.")
+        return buf
+
     def _bind_state(self) -> None:
         """(Re)build ``fp8_state`` as views of the buffers (after ``.to()``, a resize, ...)."""
-        metas = [ScalingMeta(*(self._buffers[n] for n in _BUFFERS[d])) for d in _BUFFERS]
+        metas = [ScalingMeta(*(self._buffer(n) for n in _BUFFERS[d])) for d in _BUFFERS]
         self.fp8_state = FP8ModuleState(*metas)
 
-    def _apply(self, fn: Any, recurse: bool = True) -> FP8Linear:  # type: ignore[override]
+    def _apply(self, fn: Any, recurse: bool = True) -> FP8Linear:
         super()._apply(fn, recurse)
         for names in _BUFFERS.values():  # scaling state stays float32 under .half()/.to(bf16)
             for name in names:
-                if self._buffers[name].dtype != torch.float32:
-                    self._buffers[name] = self._buffers[name].float()
+                if self._buffer(name).dtype != torch.float32:
+                    self._buffers[name] = self._buffer(name).float()
         self._bind_state()
         return self
 
@@ -260,7 +200,7 @@ class FP8Linear(nn.Linear):
         if length == current:
             return
         for names in _BUFFERS.values():
-            old = self._buffers[names[0]]
+            old = self._buffer(names[0])
             new = old.new_zeros(length, old.shape[1])
             keep = min(length, current)
             new[:keep] = old[:keep]
@@ -348,7 +288,7 @@ class FP8Linear(nn.Linear):
         for name, (direction, index) in _STAT_SLOTS.items():
             last = self._last_stats.get(name)
             meta: ScalingMeta = getattr(self.fp8_state, direction)
-            row = {"scale": float(meta.scale[index])}
+            row: dict[str, float | None] = {"scale": float(meta.scale[index])}
             for key in ("amax", "saturated", "flushed", "rel_rmse"):
                 row[key] = None if last is None else getattr(last, key)
             row["scale_used"] = None if last is None else last.scale

@@ -188,8 +188,9 @@ def _check_state(amax_history: torch.Tensor, **vectors: torch.Tensor | None) -> 
 def _scaled_max(fp8_max: float, margin: int, like: torch.Tensor) -> torch.Tensor:
     """``fp8_max * 2**-margin`` as TE forms it: float32 product of float32 ``fp8_max`` and
     ``powf(2, -margin)`` (exact for integer margins), as an ``(n,)`` tensor."""
-    f32 = {"dtype": torch.float32, "device": like.device}
-    product = torch.tensor(fp8_max, **f32) * torch.tensor(2.0**-margin, **f32)
+    max_f32 = torch.tensor(fp8_max, dtype=torch.float32, device=like.device)
+    pow2_f32 = torch.tensor(2.0**-margin, dtype=torch.float32, device=like.device)
+    product = max_f32 * pow2_f32
     return product.expand(like.shape[-1]).clone()
 
 
@@ -294,11 +295,11 @@ class ScalingMeta:
     def create(
         cls, num_tensors: int, history_len: int, device: torch.device | str | None = None
     ) -> ScalingMeta:
-        f32 = {"dtype": torch.float32, "device": device}
+        f32 = torch.float32
         return cls(
-            amax_history=torch.zeros(history_len, num_tensors, **f32),
-            scale=torch.ones(num_tensors, **f32),
-            scale_inv=torch.ones(num_tensors, **f32),
+            amax_history=torch.zeros(history_len, num_tensors, dtype=f32, device=device),
+            scale=torch.ones(num_tensors, dtype=f32, device=device),
+            scale_inv=torch.ones(num_tensors, dtype=f32, device=device),
         )
 
     @property

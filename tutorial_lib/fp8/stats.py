@@ -94,12 +94,18 @@ def capture_gemm_tensors(
         slot = captured.setdefault(name, {"weight": module.weight.detach().float().cpu()})
 
         def fwd_hook(
-            _m: nn.Module, args: tuple[torch.Tensor, ...], _out: object, slot=slot
+            _m: nn.Module,
+            args: tuple[torch.Tensor, ...],
+            _out: object,
+            slot: dict[str, torch.Tensor] = slot,
         ) -> None:
             slot["input"] = args[0].detach().float().cpu()
 
         def bwd_hook(
-            _m: nn.Module, _gin: object, gout: tuple[torch.Tensor, ...], slot=slot
+            _m: nn.Module,
+            _gin: object,
+            gout: tuple[torch.Tensor, ...],
+            slot: dict[str, torch.Tensor] = slot,
         ) -> None:
             slot["grad_output"] = gout[0].detach().float().cpu()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -25,6 +26,8 @@ from .linear import convertible_linears, fp8_layer_problems
 from .te_contract import _import_te
 
 __all__ = ["TELayers", "TEFusedMLP", "fp8_shape_problems", "convert_to_te"]
+
+_M = TypeVar("_M", bound=nn.Module)
 
 
 # ---- layers ------------------------------------------------------------------------------------
@@ -179,11 +182,12 @@ def convert_to_te(
         )
     if fused:
         _fuse_blocks(te, model, device)
-    linears = {id(m) for _, m in convertible_linears(model)}
+    linears = {id(m): m for _, m in convertible_linears(model)}
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
-            if id(child) in linears:
-                new = _te_linear_like(te, child, _target_device(child.weight, device))
+            linear = linears.get(id(child))
+            if linear is not None:
+                new = _te_linear_like(te, linear, _target_device(linear.weight, device))
             elif type(child) is nn.LayerNorm:
                 new = _te_layernorm_like(te, child, _target_device(child.weight, device))
             else:
@@ -228,8 +232,10 @@ def _fusion_problems(name: str, block: nn.Module) -> list[str]:
         if type(module) is not kind:
             found = "missing" if module is None else type(module).__name__
             problems.append(f"{name}.{part} is {found}, not {kind.__name__}")
-    if not problems and (block.mlp.fc.bias is None) != (block.mlp.proj.bias is None):
-        problems.append(f"{name}.mlp: fc and proj must both have a bias or neither")
+    if not problems:
+        fc, proj = _part(block, "mlp.fc", nn.Linear), _part(block, "mlp.proj", nn.Linear)
+        if (fc.bias is None) != (proj.bias is None):
+            problems.append(f"{name}.mlp: fc and proj must both have a bias or neither")
     return problems
 
 
@@ -238,6 +244,14 @@ def _submodule_or_none(module: nn.Module, path: str) -> nn.Module | None:
         return module.get_submodule(path)
     except AttributeError:
         return None
+
+
+def _part(module: nn.Module, path: str, kind: type[_M]) -> _M:
+    """The submodule at ``path``, which must be a ``kind`` (``_fusion_problems`` checked it)."""
+    part = module.get_submodule(path)
+    if not isinstance(part, kind):
+        raise TypeError(f"{path} is {type(part).__name__}, not {kind.__name__}")
+    return part
 
 
 def _fuse_blocks(te: ModuleType, model: nn.Module, device: torch.device | str | None) -> None:
@@ -251,11 +265,12 @@ def _fuse_blocks(te: ModuleType, model: nn.Module, device: torch.device | str | 
             + ". Convert a GPT built with the default TorchLayers, or use fused=False."
         )
     for _, block in blocks:
-        target = _target_device(block.attn.qkv.weight, device)
-        _install(
-            block.attn, "qkv", _te_layernorm_linear_like(te, block.ln1, block.attn.qkv, target)
-        )
-        _install(block, "mlp", _te_layernorm_mlp_like(te, block.ln2, block.mlp, target))
+        qkv = _part(block, "attn.qkv", nn.Linear)
+        target = _target_device(qkv.weight, device)
+        ln1 = _part(block, "ln1", nn.LayerNorm)
+        _install(block.attn, "qkv", _te_layernorm_linear_like(te, ln1, qkv, target))
+        ln2 = _part(block, "ln2", nn.LayerNorm)
+        _install(block, "mlp", _te_layernorm_mlp_like(te, ln2, block.mlp, target))
         block.ln1, block.ln2 = nn.Identity(), nn.Identity()
 
 
@@ -278,7 +293,7 @@ def _te_layernorm_linear_like(
 def _te_layernorm_mlp_like(
     te: ModuleType, norm: nn.LayerNorm, mlp: nn.Module, device: torch.device
 ) -> nn.Module:
-    fc, proj = mlp.fc, mlp.proj
+    fc, proj = _part(mlp, "fc", nn.Linear), _part(mlp, "proj", nn.Linear)
     # TE's "gelu" is the tanh approximation, GPT-2's: transformer_engine/common/util/math.h
     # computes x * (0.5 + 0.5 * tanh(x * (0.79788456 + 0.03567741 * x^2))), i.e. sqrt(2/pi) and
     # sqrt(2/pi) * 0.044715; the Python side agrees (ops/basic/activation.py's GELU docstring,

@@ -52,7 +52,11 @@ def compile_model(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
     """
     if not hasattr(torch, "compile"):
         raise RuntimeError(f"torch {torch.__version__} has no torch.compile; install torch>=2.1.")
-    return torch.compile(model, **kwargs)
+    compiled = torch.compile(model, **kwargs)
+    # torch.compile is typed as returning a plain callable; for a module it returns a module.
+    if not isinstance(compiled, torch.nn.Module):
+        raise TypeError(f"torch.compile returned {type(compiled).__name__}, not an nn.Module.")
+    return compiled
 
 
 @dataclass

@@ -85,6 +85,7 @@ class BiasGELUMLP(MLP):
     """The MLP with ``fc``'s bias added in the GELU kernel: the (B, T, 4C) activations are
     written once by the GEMM and read once, instead of a bias pass and then a GELU pass."""
 
+    fc: nn.Linear  # built by TritonLayers.linear, i.e. TorchLayers': always an nn.Linear
     act: TritonGELU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -86,9 +86,12 @@ triton: Any
 tl: Any
 _TRITON_IMPORT_ERROR: str | None
 try:
-    import triton  # TRITON_INTERPRET is set by now: see step 1 above
-    import triton.language as tl
+    # TRITON_INTERPRET is set by now: see step 1 above. Imported under other names and then
+    # bound, so that ``triton`` and ``tl`` keep the ``Any`` type declared above.
+    import triton as _triton
+    import triton.language as _tl
 
+    triton, tl = _triton, _tl
     _TRITON_IMPORT_ERROR = None
 except Exception as exc:  # ImportError, or a broken install raising something else
     triton = _MissingTriton()

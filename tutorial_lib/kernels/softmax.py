@@ -40,8 +40,12 @@ def softmax_reference(x: Tensor) -> Tensor:
     return torch.softmax(x.to(compute), dim=-1).to(x.dtype)
 
 
+# Kernel arguments other than constexprs are annotated Any: Triton reads the annotations,
+# and `int` or `float` would pin an argument to i32 or fp32 instead of specialising it per call.
 @triton.jit
-def _softmax_fwd_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _softmax_fwd_kernel(
+    x_ptr: Any, y_ptr: Any, M: Any, N: Any, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+) -> None:
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -57,7 +61,15 @@ def _softmax_fwd_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
-def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _softmax_bwd_kernel(
+    dy_ptr: Any,
+    y_ptr: Any,
+    dx_ptr: Any,
+    M: Any,
+    N: Any,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+) -> None:
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -105,13 +117,13 @@ class SoftmaxFunction(torch.autograd.Function):
     """Autograd wrapper: saves the output ``y`` (the backward needs nothing else)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor) -> Tensor:
         y = softmax_forward(x)
         ctx.save_for_backward(y)
         return y
 
     @staticmethod
-    def backward(ctx: Any, dy: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx: Any, dy: Tensor) -> Tensor:
         (y,) = ctx.saved_tensors
         return softmax_backward(dy, y)
 

@@ -112,7 +112,9 @@ def achieved_bandwidth(nbytes: float, seconds: float) -> float:
 
 
 class _HasBandwidth(Protocol):
-    hbm_bandwidth: float  # bytes/s, e.g. tutorial_lib.hardware.DeviceSpec
+    # A read-only property, so that frozen dataclasses such as DeviceSpec match.
+    @property
+    def hbm_bandwidth(self) -> float: ...  # bytes/s, e.g. tutorial_lib.hardware.DeviceSpec
 
 
 def bandwidth_fraction(nbytes: float, seconds: float, spec: _HasBandwidth | None) -> float | None:

@@ -47,6 +47,7 @@ from .tp import (
     ColumnParallelLinear,
     RowParallelLinear,
     TPLayers,
+    TPSpec,
     gather_full,
     gather_full_state_dict,
     parallelize,
@@ -67,6 +68,7 @@ __all__ += [
     "RowParallelLinear",
     "TPLayers",
     "parallelize",
+    "TPSpec",
     "shard_state_dict",
     "gather_full",
     "gather_full_state_dict",
@@ -79,22 +81,25 @@ __all__ += [
     "tensor_parallel_trainer",
 ]
 
-# Nonuniform tensor parallelism: planning after failures, degraded shard maps, the gradient
-# all-reduce of a DP x nonuniform-TP job (ntp); ntp_workers holds its spawned training job.
+# Nonuniform tensor parallelism: planning after failures and degraded shard maps (ntp), the
+# process groups and gradient all-reduce of a DP x nonuniform-TP job (ntp_grads); ntp_workers
+# holds its spawned training job.
 from .ntp import (  # noqa: E402 (after the TP exports above)
     NTPPlan,
-    NTPRank,
     ReplicaPlan,
     Route,
-    build_ntp_groups,
     degraded_shard_map,
     local_batch,
-    ntp_allreduce_grads,
     plan_ntp,
-    reshard_from_core,
     reshard_routes,
-    reshard_to_core,
     token_weights,
+)
+from .ntp_grads import (  # noqa: E402
+    NTPRank,
+    build_ntp_groups,
+    ntp_allreduce_grads,
+    reshard_from_core,
+    reshard_to_core,
 )
 
 __all__ += [

@@ -30,14 +30,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..build import TPSpec, build_model
+from ..build import build_model
 from ..config import GPTConfig
 from ..data import TokenData
 from ..model import GPT
 from ..train import TrainConfig, Trainer, save_checkpoint
 from .comm import Group, group_rank
 from .shard import ShardMap
-from .tp import gather_full_state_dict, tp_clip_grad_norm_
+from .tp import TPSpec, gather_full_state_dict, tp_clip_grad_norm_
 
 __all__ = [
     "SpawnError",
@@ -179,7 +179,8 @@ def _failed(proc: Any, path: Path) -> bool:
 def _wait(procs: list[Any], out: Path, timeout_s: float) -> list[int]:
     """Wait until every rank has exited, or one failed, or the time is up; the ranks still
     running then."""
-    deadline, checked = time.monotonic() + timeout_s, set()
+    deadline = time.monotonic() + timeout_s
+    checked: set[int] = set()
     while time.monotonic() < deadline:
         running = [r for r, p in enumerate(procs) if p.is_alive()]
         if not running:

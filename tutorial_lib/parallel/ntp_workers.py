@@ -19,15 +19,8 @@ import torch.distributed as dist
 from ..config import GPTConfig
 from ..data import synthetic_batch
 from ..model import GPT
-from .ntp import (
-    NTPRank,
-    build_ntp_groups,
-    local_batch,
-    ntp_allreduce_grads,
-    plan_ntp,
-    sharded_parameters,
-    token_weights,
-)
+from .ntp import local_batch, plan_ntp, token_weights
+from .ntp_grads import NTPRank, build_ntp_groups, ntp_allreduce_grads, sharded_parameters
 from .tp import gather_full_state_dict, parallelize
 
 __all__ = ["global_batch", "replica_slices", "train_reference", "ntp_train_worker"]
@@ -103,7 +96,11 @@ def _train_replica(
         ntp_allreduce_grads(model, me, weight)
         opt.step()
     sharded = {n for n, _, _ in sharded_parameters(model)}
-    replicated = {n: p.grad.clone() for n, p in model.named_parameters() if n not in sharded}
+    replicated = {  # every parameter has a gradient here: ntp_allreduce_grads checked
+        n: p.grad.clone()
+        for n, p in model.named_parameters()
+        if n not in sharded and p.grad is not None
+    }
     full = gather_full_state_dict(model, me.tp_group, me.shard_map)
     return {"state": full if me.tp_rank == 0 else None, "replicated_grads": replicated}
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from .comm import Group, copy_to_tp, group_rank, group_size, reduce_from_tp
 from .shard import ShardMap, UnitSpec, global_index, unit_specs
 
 __all__ = [
+    "TPSpec",
     "ColumnParallelLinear",
     "RowParallelLinear",
     "TPLayers",
@@ -52,6 +54,9 @@ ROW_ROLES = ("attn.proj", "mlp.proj")  # input features split: weight columns; b
 
 class _ShardedLinear(nn.Module):
     """Shared parts: the units this rank owns along ``unit_spec.axis``, and their layout."""
+
+    weight: nn.Parameter  # set by the subclasses: their shapes differ
+    bias: nn.Parameter | None
 
     def __init__(self, unit_spec: UnitSpec, units: tuple[int, ...], total_units: int) -> None:
         super().__init__()
@@ -243,6 +248,23 @@ def parallelize(model: GPT, group: Group, shard_map: ShardMap, rank: int | None 
     tp_model = GPT(cfg, layers=layers).to(model.tok_emb.weight.device)
     tp_model.load_state_dict(shard_state_dict(model.state_dict(), cfg, shard_map, layers.rank))
     return tp_model
+
+
+@dataclass(frozen=True)
+class TPSpec:
+    """Tensor parallelism for ``build_model(..., tp=TPSpec(group, shard_map))`` (its step 3)."""
+
+    group: Group
+    shard_map: ShardMap
+    rank: int | None = None  # the rank within ``group``; None: ask the group
+
+    @property
+    def degree(self) -> int:
+        return self.shard_map.tp
+
+    def apply(self, model: GPT) -> GPT:
+        """This rank's tensor-parallel copy of the full ``model`` (``parallelize``)."""
+        return parallelize(model, self.group, self.shard_map, self.rank)
 
 
 def gather_full(

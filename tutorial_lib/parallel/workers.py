@@ -66,7 +66,11 @@ def tp_forward_backward(
     x, y = batch
     logits, loss = tp_model(x, y)
     loss.backward()
-    grads = {n: p.grad for n, p in tp_model.named_parameters()}
+    grads: dict[str, torch.Tensor] = {}
+    for n, p in tp_model.named_parameters():
+        if p.grad is None:
+            raise RuntimeError(f"tp_forward_backward: parameter {n!r} got no gradient.")
+        grads[n] = p.grad
     return {
         "rank": group_rank(group),
         "logits": logits.detach(),
@@ -134,6 +138,8 @@ def parallel_linear_check(
     r, total = group_rank(group), sum(len(u) for u in units)
     index = global_index(spec, units[r], total)
     bias = full.bias is not None
+    layer: ColumnParallelLinear | RowParallelLinear
+    b: torch.Tensor | None
     if kind == "column":
         layer = ColumnParallelLinear(
             full.in_features, full.out_features, bias, group, spec, tuple(units[r]), total
@@ -150,6 +156,8 @@ def parallel_linear_check(
     with torch.no_grad():
         layer.weight.copy_(weight)
         if b is not None:
+            if layer.bias is None:  # cannot happen: the layer has a bias iff ``full`` has one
+                raise RuntimeError(f"parallel_linear_check: the {kind} layer has no bias.")
             layer.bias.copy_(b)
     x.requires_grad_()
     y = layer(x)
@@ -168,7 +176,7 @@ def tp_train_steps(
     cfg: GPTConfig,
     shard_map: ShardMap,
     state_dict: dict[str, torch.Tensor],
-    data: tuple[torch.Tensor, ...],
+    data: tuple[torch.Tensor, torch.Tensor, int, int],
     train_cfg: TrainConfig,
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:

@@ -1,22 +1,15 @@
 """Measuring honestly: timing, throughput and MFU, memory, FLOP counts, rooflines, profiler
-summaries, and the recorded-results format every benchmark writes."""
+summaries, and measured statements about the machine at hand.
+
+This package sits *below* the trainer (``train`` uses its timing, MFU and memory functions) and
+imports nothing that trains. The benchmarks that build and train models, and the
+recorded-results format they write, are one level up in ``tutorial_lib.bench``."""
 
 from .flops import count_flops, flops_by_op, train_step_flops
-from .fp8_model import GemmCost, linear_layer_cost, sweep
 from .measured import NOISE, GemmRates, compare_times, measure_gemm_rates, on_this_device
 from .memory import MemoryReport, memory_report, peak_memory_bytes, reset_peak_memory
 from .mfu import format_mfu, mfu, tokens_per_second
-from .policy_bench import benchmark_policies, make_step, run_policy
 from .profiler import OpStat, format_op_table, profile_top_ops
-from .results import (
-    environment_stamp,
-    latest_hopper_results,
-    load_results,
-    markdown_table,
-    results_label,
-    write_and_print,
-    write_results,
-)
 from .roofline import (
     Op,
     Roof,
@@ -74,22 +67,6 @@ __all__ = [
     "measure_cpu_roof",
     "model_ops",
     "plot_roofline",
-    # FP8 cost model (chapter 5)
-    "GemmCost",
-    "linear_layer_cost",
-    "sweep",
-    # recorded results
-    "environment_stamp",
-    "write_results",
-    "write_and_print",
-    "load_results",
-    "latest_hopper_results",
-    "results_label",
-    "markdown_table",
-    # precision-policy benchmark (benchmarks/precision.py, chapter 3)
-    "benchmark_policies",
-    "make_step",
-    "run_policy",
     # profiler
     "OpStat",
     "profile_top_ops",

@@ -1,4 +1,5 @@
-"""Counting FLOPs with PyTorch's own counter, to check the analytic formula of ``model.py``.
+"""Counting FLOPs with PyTorch's own counter, to check the analytic formulas of
+``tutorial_lib.flops`` (``GPT.flops_per_token``; ``tests/test_flops.py``).
 
 ``torch.utils.flop_counter.FlopCounterMode`` intercepts every aten op and adds a formula's
 count for matmul-like ops (mm, addmm, bmm, convolutions, attention kernels); elementwise ops,
@@ -50,7 +51,7 @@ def _sdpa_backward_flops(
 def _cpu_attention_mapping() -> dict[Any, Callable[..., int]]:
     """Formulas for the CPU flash-attention ops, where this torch's counter has none."""
     aten = torch.ops.aten
-    pairs = [
+    pairs: list[tuple[str, Callable[..., int]]] = [
         ("_scaled_dot_product_flash_attention_for_cpu", _sdpa_forward_flops),
         ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward_flops),
     ]

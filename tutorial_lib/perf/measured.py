@@ -11,7 +11,7 @@ times faster). A chapter measures, then prints what it measured with these helpe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,7 +81,7 @@ def on_this_device(device: torch.device | str | None = None) -> str:
     return f"on this GPU ({info.name})"
 
 
-def _gemm_call(math: str, n: int, device: torch.device) -> tuple[object, str]:
+def _gemm_call(math: str, n: int, device: torch.device) -> tuple[Callable[[], torch.Tensor], str]:
     """A zero-argument GEMM of ``math`` on fresh random operands, and how it runs here."""
     gen = torch.Generator(device=device).manual_seed(0)
     a, b = (torch.randn(n, n, generator=gen, device=device) for _ in range(2))
@@ -92,7 +92,7 @@ def _gemm_call(math: str, n: int, device: torch.device) -> tuple[object, str]:
         return (lambda: a16 @ b16), "bfloat16 matmul"
     if math == "fp8":
         from ..fp8.formats import E4M3, quantize
-        from ..fp8.linear import emulated_gemm, scaled_gemm
+        from ..fp8.gemm import emulated_gemm, scaled_gemm
 
         one = torch.ones((), device=device)
         a8, b8 = quantize(a, E4M3, one), quantize(b, E4M3, one).t().contiguous().t()

@@ -1,8 +1,8 @@
 """Throughput and model FLOPs utilisation (MFU).
 
 MFU = achieved model FLOP/s / the device's peak FLOP/s for the dtype the math runs in.
-"Model FLOPs" count only the useful matmuls of forward and backward (``GPT.flops_per_token``),
-not recomputation; with recomputation counted it would be *hardware* FLOPs utilisation (HFU).
+"Model FLOPs" count only the useful matmuls of forward and backward (``GPT.flops_per_token``,
+from the formulas of ``tutorial_lib.flops``), not recomputation; with recomputation counted it would be *hardware* FLOPs utilisation (HFU).
 MFU is ``None`` when the device is not in the spec table: we never invent a peak.
 """
 

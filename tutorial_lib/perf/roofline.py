@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..config import GPTConfig
+from ..flops import matmul_flops
 from ..hardware import DeviceSpec, describe_device
 from .timing import benchmark
 
@@ -53,10 +54,11 @@ class Op:
 
 
 def gemm(m: int, n: int, k: int, dtype_bytes: int = 2, name: str | None = None) -> Op:
-    """(m, k) @ (k, n): 2mnk FLOPs; reads A and B and writes C once: (mk + kn + mn) elements."""
+    """(m, k) @ (k, n): 2mnk FLOPs (``flops.matmul_flops``); reads A and B and writes C once:
+    (mk + kn + mn) elements."""
     return Op(
         name or f"GEMM {m}x{n}x{k}",
-        flops=2.0 * m * n * k,
+        flops=float(matmul_flops(m, n, k)),
         bytes=float((m * k + k * n + m * n) * dtype_bytes),
     )
 
@@ -130,7 +132,7 @@ def measure_cpu_roof(n: int = 1024, copy_bytes: int = 256 * 2**20, iters: int = 
     name = describe_device("cpu").name
     return Roof(
         name=f"{name} fp32 (measured)",
-        peak_flops=2.0 * n**3 / gemm_s,
+        peak_flops=matmul_flops(n, n, n) / gemm_s,
         bandwidth=2.0 * src.numel() * 4 / copy_s,
         source=f"measured on {name}, {dt.datetime.now(dt.timezone.utc).date().isoformat()}",
     )
@@ -151,7 +153,8 @@ def model_ops(cfg: GPTConfig, batch: int, dtype_bytes: int = 2) -> list[Op]:
     scores on chip: those three become one op with far higher intensity.
     Elementwise ops, unfused, every activation in ``dtype_bytes``; FLOPs per element are
     approximate (LayerNorm 8, GELU-tanh 10 with tanh as 1, softmax 5, add 1). LayerNorm and the
-    residual add occur twice per layer: those ops cover both. Biases are ignored.
+    residual add occur twice per layer: those ops cover both. Biases are ignored. The matmuls
+    (all layers, LM head) sum to B T ``flops.forward_flops_per_token`` (``tests/test_flops.py``).
     """
     B, T, C, V = batch, cfg.block_size, cfg.n_embd, cfg.vocab_size
     M, nh, hs, db = B * T, cfg.n_head, cfg.head_dim, dtype_bytes
@@ -197,6 +200,7 @@ def plot_roofline(
     The roofs' sources are stamped under the axes (``viz.label_hardware``).
     """
     import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     from ..viz import label_hardware
 
@@ -224,4 +228,5 @@ def plot_roofline(
     ax.set_ylabel("attainable FLOP/s")
     ax.legend(fontsize=8, loc="lower right")
     label_hardware(ax, "; ".join(dict.fromkeys(r.source for r in roofs)))
-    return ax.figure
+    fig = ax.figure
+    return fig if isinstance(fig, Figure) else fig.figure  # a subfigure's root figure

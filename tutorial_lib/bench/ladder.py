@@ -26,10 +26,12 @@ import torch
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
+from ..build import build_model
 from ..config import RunPreset
 from ..data import TokenData, make_data
 from ..hardware import default_device, describe_device
 from ..precision import get_policy
+from ..train import TrainConfig, Trainer
 from ..viz import label_hardware
 
 __all__ = [
@@ -104,8 +106,6 @@ def run_rung(
 
     ``start`` is a ``data.state_dict()`` to rewind the sampler to first; ``lr`` defaults to the
     preset's."""
-    from ..build import build_model
-    from ..train import TrainConfig, Trainer  # train imports perf: import here, not at the top
 
     row: dict[str, Any] = {
         "rung": rung.name,
@@ -155,7 +155,7 @@ def run_rung(
         lr=cfg.lr,
         step_time_ms=1e3 * step_s,
         tokens_per_s=tokens / step_s,
-        mfu=_median(mfus) if mfus else None,  # type: ignore[arg-type]
+        mfu=_median(mfus) if mfus else None,
         peak_mem_bytes=max(float(r["peak_mem_bytes"]) for r in history),  # type: ignore[arg-type]
         first_step_s=float(history[0]["step_time_s"]),  # type: ignore[arg-type]
         compile_s=trainer.compile_time_s,

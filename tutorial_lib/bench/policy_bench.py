@@ -18,10 +18,10 @@ from ..config import GPTConfig, RunPreset
 from ..data import synthetic_batch
 from ..hardware import default_device, describe_device
 from ..model import GPT
+from ..perf.memory import memory_report, reset_peak_memory
+from ..perf.mfu import mfu
+from ..perf.timing import benchmark
 from ..precision import PrecisionPolicy, available_policies, get_policy
-from .memory import memory_report, reset_peak_memory
-from .mfu import mfu
-from .timing import benchmark
 
 __all__ = ["make_step", "run_policy", "benchmark_policies"]
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from ..checks import check_positive_int
 from ..hardware import DeviceSpec
-from .roofline import Op, Roof, roof_from_spec
+from ..perf.roofline import Op, Roof, roof_from_spec
 
 __all__ = ["GemmCost", "QUANT_BYTES_PER_ELEMENT", "linear_layer_cost", "sweep"]
 

@@ -22,8 +22,8 @@ from .. import kernels
 from ..config import RunPreset
 from ..hardware import describe_device
 from ..kernels import traffic
+from ..perf.timing import benchmark
 from .ladder import Rung, run_ladder
-from .timing import benchmark
 
 __all__ = ["OpCase", "op_cases", "time_ops", "step_rows", "plot_op_bandwidth", "IMPLS"]
 
@@ -42,7 +42,9 @@ class OpCase:
     min_bytes: int
 
 
-def _add_ln(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor):  # noqa: ANN202
+def _add_ln(
+    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     s = x + r
     return s, F.layer_norm(s, s.shape[-1:], w, b, 1e-5)
 

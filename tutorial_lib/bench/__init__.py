@@ -1,0 +1,42 @@
+"""Benchmarks that build and train models, and the recorded-results format they write.
+
+This package sits *above* the trainer: it uses ``build_model`` and ``Trainer`` and the
+measuring tools of ``tutorial_lib.perf``, and nothing below it imports it.
+
+- ``results``: the recorded-results format (environment stamp, JSON + markdown, the latest
+  Hopper record, table helpers) every script under ``benchmarks/`` writes;
+- ``policy_bench``: one training step per precision policy (chapter 3, benchmarks/precision.py);
+- ``fp8_model``: the roofline model of when FP8 pays off (chapter 5);
+- ``ladder``: chapter 7's ablation ladder; ``fusion_bench``: chapter 6's ops and steps.
+"""
+
+from .fp8_model import GemmCost, linear_layer_cost, sweep
+from .policy_bench import benchmark_policies, make_step, run_policy
+from .results import (
+    environment_stamp,
+    latest_hopper_results,
+    load_results,
+    markdown_table,
+    results_label,
+    write_and_print,
+    write_results,
+)
+
+__all__ = [
+    # recorded results
+    "environment_stamp",
+    "write_results",
+    "write_and_print",
+    "load_results",
+    "latest_hopper_results",
+    "results_label",
+    "markdown_table",
+    # precision-policy benchmark (benchmarks/precision.py, chapter 3)
+    "benchmark_policies",
+    "make_step",
+    "run_policy",
+    # FP8 cost model (chapter 5)
+    "GemmCost",
+    "linear_layer_cost",
+    "sweep",
+]
