@@ -228,8 +228,8 @@ class Trainer:
         betas = (self.cfg.beta1, self.cfg.beta2)
         try:  # fused: one kernel for the whole update (CUDA, and CPU in recent torch)
             return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=betas, fused=True)
-        except (RuntimeError, TypeError):
-            return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=betas)
+        except (RuntimeError, TypeError):  # no fused kernel: foreach beats the per-tensor loop
+            return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=betas, foreach=True)
 
     @property
     def compile_time_s(self) -> float | None:
