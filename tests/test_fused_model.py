@@ -178,3 +178,18 @@ def test_compile_combines_with_fp8(data_factory: Callable[..., TokenData]) -> No
     both = _train(data_factory(block_size=FP8_CFG.block_size), "fp8", 3, cfg=FP8_CFG, compile=True)
     for a, b in zip(_losses(both), _losses(fp8), strict=True):
         assert abs(a - b) < FP8_LOSS_TOLERANCE
+
+
+def test_build_model_refuses_what_cannot_combine() -> None:
+    class _TP:  # stands in for parallel.TPSpec: build_model must refuse before applying it
+        degree = 2
+
+        def apply(self, model: GPT) -> GPT:
+            raise AssertionError("not reached")
+
+    with pytest.raises(ValueError, match="Tensor parallelism does not combine"):
+        build_model(TINY, fused=True, tp=_TP())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="layers= .* or fused=True"):
+        build_model(TINY, fused=True, layers=TritonLayers())
+    with pytest.raises(ValueError, match="Unknown precision policy 'fp7'"):
+        build_model(TINY, precision="fp7")

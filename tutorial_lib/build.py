@@ -46,16 +46,6 @@ class ModelRecipe:
     compile: bool = False
     tp: int = 1  # tensor-parallel degree
 
-    def describe(self) -> str:
-        parts = [self.precision]
-        if self.fused:
-            parts.append("Triton kernels")
-        if self.tp > 1:
-            parts.append(f"TP {self.tp}")
-        if self.compile:
-            parts.append("torch.compile")
-        return " + ".join(parts)
-
 
 def recipe_of(model: torch.nn.Module) -> ModelRecipe | None:
     """The recipe ``build_model`` attached to ``model``; None for a model built by hand."""
@@ -78,10 +68,10 @@ def build_model(
     """A new ``GPT`` for ``cfg`` with the transforms above applied, in that order.
 
     ``precision`` is a registered policy's name or a ``PrecisionPolicy``. ``seed`` (if given)
-    seeds torch first, so equal seeds give equal initial weights whatever
-    the recipe. ``weights``: start from these instead of a fresh initialisation (a plain
-    ``GPT``'s state dict: another run's model, a checkpoint's, or ``hf_to_tutorial_state_dict``'s);
-    they are loaded right after step 1. ``layers`` overrides step 1's factory (it must not be combined with ``fused``).
+    seeds torch first, so equal seeds give equal initial weights whatever the recipe.
+    ``weights``: start from these instead of a fresh initialisation (a plain ``GPT``'s state
+    dict: another run's model, a checkpoint's, or ``hf_to_tutorial_state_dict``'s); they are
+    loaded right after step 1. ``layers`` replaces step 1's factory (not with ``fused``).
     Combinations that cannot work raise ``ValueError`` naming the conflict.
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")

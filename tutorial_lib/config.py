@@ -111,8 +111,8 @@ MODEL_SIZES: dict[str, GPTConfig] = {
     "gpt2-350m": GPTConfig(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
     "gpt2-774m": GPTConfig(vocab_size=50257, block_size=1024, n_layer=36, n_head=20, n_embd=1280),
     "gpt2-1.5b": GPTConfig(vocab_size=50257, block_size=1024, n_layer=48, n_head=25, n_embd=1600),
-    # FP8 needs wide GEMMs before it pays off (TE issue #445); hidden 4096 matches TE's own
-    # single-layer benchmark (hidden 4096, FFN 16384, seq 2048).
+    # FP8 needs wide GEMMs before it pays off (chapter 5's cost model); hidden 4096 matches TE's
+    # own single-layer benchmark (hidden 4096, FFN 16384, seq 2048).
     "fp8-2.7b": GPTConfig(vocab_size=50257, block_size=2048, n_layer=12, n_head=32, n_embd=4096),
 }
 
@@ -188,10 +188,12 @@ PRESETS: dict[str, RunPreset] = {
         ladder_steps=15,
         sample_tokens=120,
     ),
-    # One H100/H200: GPT-2 124M shape on bytes (vocab 256), 16K tokens per step. Sized so that
-    # `make hopper-check` (every notebook and benchmark) fits about 8 minutes on one H200: an
-    # FP32 step is about 10 TFLOP, ~0.3 s at FP32's 67 TFLOP/s, and FP32 runs in chapters 1-4
-    # and in the ladder dominate. An estimate from the datasheet until issue 9's run measures it.
+    # One H100/H200: GPT-2 small's 12 layers x 768 width with a 256-byte vocabulary: about 86M
+    # parameters (not 124M; the LM head and loss are a negligible cost), 16K tokens per step.
+    # Sized so that `make hopper-check` (every notebook and benchmark) fits about 8 minutes on one
+    # H200: an FP32 step is about 10 TFLOP, ~0.3 s at FP32's 67 TFLOP/s, and FP32 runs in
+    # chapters 1-4 and in the ladder dominate. An estimate from the datasheet until issue 9's run
+    # measures it.
     "hopper": RunPreset(
         name="hopper",
         model="gpt2-124m",

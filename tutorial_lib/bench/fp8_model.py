@@ -11,10 +11,15 @@ Each GEMM takes ``max(FLOPs / peak, bytes / bandwidth)`` on the roof of its math
 (``roof_from_spec(spec, "bf16")`` or ``"fp8"``). Operands are 2 bytes in BF16 and 1 byte in FP8;
 outputs are BF16 (2 bytes) in both. FP8 halves the compute time at best (FP8 peak = 2x BF16 on
 Hopper) but must first *quantize* its operands, a memory-bound pass that BF16 never pays. For a
-small GEMM that pass costs more than the GEMM saves (TE issue #445: FP8 is slower at
-1024x1024); for a large one it is a few percent, and the speedup approaches, never reaches, 2x.
+small GEMM that pass costs more than the GEMM saves; for a large one it is a few percent, and the
+speedup approaches, never reaches, 2x. (Measured small-size slowdowns can have another cause that
+this model leaves out: in TE issue #445, FP8 ``te.Linear`` at 1024x1024x1024 was slower than FP16
+``te.Linear``, but ``te.Linear`` without FP8 was already about 3x slower than ``torch.nn.Linear``
+there, i.e. per-call host overhead dominated, not quantization traffic.)
 
-Quantization bytes counted (per step, unfused, one pass each, all in HBM):
+Quantization bytes counted (per step, unfused, one pass each, all in HBM). This is conservative:
+the separate amax pass is what plain-PyTorch ``FP8Linear`` does; TE's cast kernels fold the amax
+into the cast:
     for each of x (M·K), w (N·K) and dy (M·N):
         amax reduction   read the BF16 tensor            2 bytes/element
         cast             read the BF16 tensor again      2 bytes/element

@@ -120,7 +120,8 @@ def quantize(
         results beyond the finite range, inf included, become +-max; NaN stays NaN; the sign
         of zero is kept.
     The clamp to +-max happens before the cast because torch's own casts differ: E5M2 overflows
-    to inf (70000 -> inf), and releases before 2026-04 turn E4M3 values >= 480 into NaN.
+    to inf (70000 -> inf), and before pytorch/pytorch#178817 (April 2026) the E4M3 cast turned
+    values above 464 into NaN (464 itself rounds to even, down to 448).
     ``torch.clamp`` passes NaN through unchanged.
     """
     fp8 = get_fp8_format(fmt)

@@ -98,7 +98,8 @@ except Exception as exc:  # ImportError, or a broken install raising something e
     tl = None
     _TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-# Rows wider than this do not fit one tile (the single-tile kernels keep a whole row on chip).
+# Rows wider than this do not fit one tile. The single-tile kernels load a whole row at once: in
+# registers for short rows; near this limit the compiler spills to local memory (chapter 6).
 MAX_BLOCK_N = 65536
 # How many programs a launch aims for in the interpreter (where each costs milliseconds).
 INTERPRETER_PROGRAMS = 16

@@ -9,9 +9,12 @@ The backward needs only ``y`` (saved by the forward) and ``dy``::
 
     dx = y * (dy - sum(dy * y))
 
-Each program holds whole rows in registers (``BLOCK_N >= N``, up to 65536), so the forward
-reads ``x`` once and writes ``y`` once: the minimum traffic. Rows too wide for that need two
-passes with an *online* max and sum, as in ``cross_entropy.py``, which loops over the vocabulary.
+Each program loads whole rows as one tile (``BLOCK_N >= N``, up to 65536), so the forward
+reads ``x`` once and writes ``y`` once: the minimum traffic. A short row fits in registers; a
+65536-value row is 256 KB of float32, a whole SM's register file, so the compiler spills to local
+memory there (still correct, slower than the traffic count promises). Rows that wide are better
+served by looping over the row with an *online* max and sum, as ``cross_entropy.py`` does over
+the vocabulary.
 """
 
 from __future__ import annotations
