@@ -48,8 +48,8 @@ class LayerFactory(Protocol):
 class GELU(nn.Module):
     """GELU: GPT-2's tanh approximation (``approximate="tanh"``, the default) or the exact erf
     form (``"none"``, what ``nn.GELU()`` and many minimal GPTs use). They are different
-    functions, not two speeds of one: on a CPU the erf form is 2-3x cheaper, about 8% of a small
-    FP32 training step (``benchmarks/model_speed.py``); GPT-2's weights expect tanh."""
+    functions, not two speeds of one; which is cheaper depends on the machine's kernels
+    (``benchmarks/model_speed.py`` measures both). GPT-2's weights expect tanh."""
 
     def __init__(self, approximate: str = "tanh") -> None:
         super().__init__()
