@@ -21,8 +21,9 @@ from .config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
 from .data import ByteTokenizer, TokenData, load_corpus, make_data, synthetic_batch
 from .hardware import SPECS, DeviceInfo, DeviceSpec, describe_device
 from .model import GPT
+from .notebook import ChapterSetup, setup_chapter
 from .precision import PrecisionPolicy, available_policies, get_policy
-from .train import TrainConfig, Trainer
+from .train import TrainConfig, Trainer, run_training
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,8 @@ __all__ = [
     "DeviceInfo",
     "describe_device",
     "GPT",
+    "setup_chapter",
+    "ChapterSetup",
     "build_model",
     "ModelRecipe",
     "PrecisionPolicy",
@@ -50,4 +53,5 @@ __all__ = [
     "get_policy",
     "Trainer",
     "TrainConfig",
+    "run_training",
 ]

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .build import ModelRecipe, recipe_of
+from .build import ModelRecipe, build_model, recipe_of
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .config import RunPreset
-from .data import TokenData
+from .config import GPTConfig, RunPreset
+from .data import TokenData, make_data
 from .hardware import describe_device
 from .model import GPT
 from .perf import mfu, peak_memory_bytes, reset_peak_memory, synchronize
@@ -35,6 +36,8 @@ __all__ = [
     "lr_at",
     "NonFiniteLossError",
     "Trainer",
+    "StepCallback",
+    "run_training",
     "save_checkpoint",
     "load_checkpoint",
     "CheckpointError",
@@ -184,6 +187,9 @@ def _check_recipe(model: torch.nn.Module, precision: str, policy: PrecisionPolic
     return recipe
 
 
+StepCallback = Callable[["Trainer", dict[str, float | None]], None]
+
+
 class Trainer:
     """Trains a ``GPT`` on a ``TokenData`` stream; ``history`` holds one dict of metrics per step."""
 
@@ -324,8 +330,13 @@ class Trainer:
         return sum(losses) / len(losses)
 
     # ---- the loop ----------------------------------------------------------------------------
-    def train(self, steps: int | None = None) -> list[dict[str, float | None]]:
-        """Run until ``steps`` (default ``cfg.steps``) optimizer steps have been taken in total."""
+    def train(
+        self, steps: int | None = None, on_step: StepCallback | None = None
+    ) -> list[dict[str, float | None]]:
+        """Run until ``steps`` (default ``cfg.steps``) optimizer steps have been taken in total.
+
+        ``on_step(trainer, row)`` is called after each step with that step's metrics, e.g. to
+        record a layer's FP8 scales as training goes (``fp8.ScaleTrace``)."""
         target = steps if steps is not None else self.cfg.steps
         bar = tqdm(
             total=target,
@@ -345,6 +356,8 @@ class Trainer:
                 if self.cfg.eval_every and (done % self.cfg.eval_every == 0 or done == end):
                     row["val_loss"] = self.evaluate()
                 self.history.append(row)
+                if on_step is not None:
+                    on_step(self, row)
                 bar.update(1)
                 bar.set_postfix(
                     loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:,.0f}", refresh=False
@@ -404,3 +417,29 @@ class Trainer:
         """Restore everything from a checkpoint written by ``save``; ``train()`` continues."""
         self.load_state_dict(load_checkpoint(path))
         self.last_checkpoint = Path(path)
+
+
+def run_training(
+    cfg: GPTConfig,
+    train_cfg: TrainConfig,
+    *,
+    fused: bool = False,
+    compile: bool = False,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+    data_seed: int = 0,
+    on_step: StepCallback | None = None,
+) -> Trainer:
+    """Build a model and train it: the run every chapter compares with another.
+
+    The model is ``build_model(cfg, precision=train_cfg.precision, fused=..., compile=...,
+    seed=seed)`` and the data ``make_data(cfg.block_size, seed=data_seed)``, so two runs that
+    differ in one setting start from the same weights and see the same batches. Returns the
+    ``Trainer`` after ``train_cfg.steps`` steps: ``.history`` holds the metrics, ``.model`` the
+    trained model."""
+    model = build_model(
+        cfg, precision=train_cfg.precision, fused=fused, compile=compile, device=device, seed=seed
+    )
+    trainer = Trainer(model, make_data(cfg.block_size, seed=data_seed), train_cfg, device=device)
+    trainer.train(on_step=on_step)
+    return trainer

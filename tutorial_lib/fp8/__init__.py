@@ -54,7 +54,14 @@ from .scaling import (
     reduce_amax,
     update_amax_and_scale,
 )
-from .stats import QuantStats, capture_gemm_tensors, error_vs_scale, quant_stats, scale_for
+from .stats import (
+    QuantStats,
+    ScaleTrace,
+    capture_gemm_tensors,
+    error_vs_scale,
+    quant_stats,
+    scale_for,
+)
 
 __all__ = [
     "te_available",
@@ -85,6 +92,7 @@ __all__ = [
     "reduce_amax",
     # stats
     "QuantStats",
+    "ScaleTrace",
     "quant_stats",
     "scale_for",
     "error_vs_scale",

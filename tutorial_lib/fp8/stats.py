@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,7 +20,14 @@ from torch import nn
 from ..formats import FloatFormat
 from .formats import dequantize, get_fp8_format, quantize
 
-__all__ = ["QuantStats", "quant_stats", "scale_for", "capture_gemm_tensors", "error_vs_scale"]
+__all__ = [
+    "QuantStats",
+    "quant_stats",
+    "scale_for",
+    "capture_gemm_tensors",
+    "error_vs_scale",
+    "ScaleTrace",
+]
 
 
 @dataclass(frozen=True)
@@ -121,3 +129,38 @@ def capture_gemm_tensors(
             h.remove()
         model.zero_grad(set_to_none=True)
     return captured
+
+
+@dataclass
+class ScaleTrace:
+    """Record one FP8 layer's scaling state after every training step.
+
+    Pass it to ``Trainer.train(on_step=...)`` (or ``run_training``). Each call appends a row:
+    ``scale_fwd`` (one scale per forward tensor: input, weight), ``scale_bwd`` (grad_output), and
+    ``amax_fwd``, the max over the amax history's window (rows 1 and up: row 0 is the slot the
+    next step fills), the value the next scale update reads under the ``max`` algorithm.
+    """
+
+    layer: str = "blocks.0.mlp.fc"
+    rows: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+    def __call__(self, trainer: Any, row: object = None) -> None:
+        modules = dict(trainer.model.named_modules())
+        if self.layer not in modules or not hasattr(modules[self.layer], "fp8_state"):
+            fp8_layers = [n for n, m in modules.items() if hasattr(m, "fp8_state")]
+            raise ValueError(
+                f"ScaleTrace: {self.layer!r} is not an FP8 layer of this model; build it with "
+                f"precision='fp8'. FP8 layers: {fp8_layers[:4]}{'...' if len(fp8_layers) > 4 else ''}"
+            )
+        st = modules[self.layer].fp8_state
+        self.rows.append(
+            {
+                "amax_fwd": st.forward.amax_history[1:].max(0).values.clone(),
+                "scale_fwd": st.forward.scale.clone(),
+                "scale_bwd": st.backward.scale.clone(),
+            }
+        )
+
+    def series(self, key: str, index: int = 0) -> list[float]:
+        """One value per step: ``key`` (``scale_fwd``, ``scale_bwd``, ``amax_fwd``) at ``index``."""
+        return [float(r[key][index]) for r in self.rows]
