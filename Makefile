@@ -26,7 +26,7 @@ endif
 VPY   := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(TORCH)
 
-.PHONY: help setup test lint unit notebooks book html slides slides-only executed executed-is-current stage browser-deps lab clean distclean vendor \
+.PHONY: help setup test lint sync unit notebooks book html slides slides-only executed executed-is-current stage browser-deps lab clean distclean vendor \
         hopper-check
 
 help:
@@ -34,6 +34,7 @@ help:
 	@echo "               built from those executed notebooks, and the browser test of the site"
 	@echo "make book    - execute the notebooks (preset auto-detected) and build book/_build/html"
 	@echo "make slides  - one reveal.js deck per chapter in book/_build/slides (offline)"
+	@echo "make sync    - copy the package's source into the chapters' code listings"
 	@echo "make lab     - open JupyterLab on book/"
 	@echo "make hopper-check - on one H100/H200: every notebook (nbmake) and every benchmark at the"
 	@echo "               hopper preset, results in $(RESULTS)/ (benchmarks/README.md)"
@@ -58,7 +59,8 @@ setup: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tutorial_lib tests benchmarks scripts book
-	$(VENV)/bin/ruff format --check tutorial_lib tests benchmarks scripts book/_ext
+	$(VENV)/bin/ruff format --check tutorial_lib tests benchmarks scripts book/_ext book/chapters
+	$(VPY) scripts/sync_sources.py --check book/chapters  # the package code the chapters show
 	$(VENV)/bin/mypy  # settings and files: [tool.mypy] in pyproject.toml
 
 # Build layout. The notebooks run once, under nbmake with --overwrite, in a copy of book/
@@ -84,6 +86,11 @@ REPORT   := $(BUILD)/test-report.xml
 
 stage: $(STAMP) vendor
 	$(VPY) scripts/stage_book.py book $(STAGE)
+	$(VPY) scripts/sync_sources.py $(STAGE)/chapters  # the book shows the package as built
+
+# Copy the package's current source into the chapters' source cells (scripts/sync_sources.py).
+sync: $(STAMP)
+	$(VPY) scripts/sync_sources.py book/chapters
 
 # make test: 1. the unit tests, then every notebook (ci preset), two at a time: apart, because
 # the multi-process TP tests next to a notebook doubled its time; both run even if the first
