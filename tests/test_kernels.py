@@ -142,6 +142,10 @@ FORWARD_CASES = [(shape, dt) for shape in SMALL_SHAPES for dt in (F32, BF16, F16
 @pytest.mark.parametrize("shape, dtype", FORWARD_CASES, ids=str)
 @pytest.mark.parametrize("name", list(CASES))
 def test_forward_matches_float64_reference(name: str, shape: tuple[int, ...], dtype) -> None:
+    _check_forward(name, shape, dtype)
+
+
+def _check_forward(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     case = CASES[name]
     inputs = case.inputs(shape, dtype)
     outs = case.ours(*inputs)
@@ -158,6 +162,10 @@ GRAD_CASES = [(n, shape, dt) for n in CASES for shape in SMALL_SHAPES[1:] for dt
     "name, shape, dtype", [*GRAD_CASES, ("layer_norm", (1823, 781), F32)], ids=str
 )
 def test_gradients_match_reference_autograd(name: str, shape: tuple[int, ...], dtype) -> None:
+    _check_gradients(name, shape, dtype)
+
+
+def _check_gradients(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     case = CASES[name]
     inputs = case.inputs(shape, dtype)
     ours_in = [leaf(t) for t in inputs]
@@ -407,6 +415,18 @@ def test_cross_entropy_is_stable_for_large_logits() -> None:
         assert_close(mine.grad, ref.grad, dtype)
 
 
+def test_cross_entropy_with_a_chunk_of_only_minus_inf() -> None:
+    """A row whose first vocabulary chunk is all -inf (masked logits): the running max is still
+    -inf after that chunk, and rescaling by exp(-inf - -inf) would turn the sum into NaN."""
+    logits = randn(3, 37)
+    logits[0, :16] = -float("inf")  # row 0's first chunk of 16 (block_v below)
+    logits[1, 20:] = -float("inf")  # row 1's later chunks
+    targets = torch.tensor([20, 3, 7])
+    loss, lse, _, _ = cross_entropy_forward(logits, targets, block_v=16)
+    assert_close(lse, torch.logsumexp(logits.double(), dim=-1).float(), F32)
+    assert_close(loss, F.cross_entropy(logits.double(), targets).float(), F32)
+
+
 def test_cross_entropy_all_rows_ignored_gives_zero() -> None:
     logits = leaf(randn(4, 10))
     loss = cross_entropy(logits, torch.full((4,), -100, device=DEVICE))
@@ -452,11 +472,125 @@ def test_softmax_is_stable_for_large_values() -> None:
     assert_close(y[0], torch.full((300,), 1 / 300, dtype=F64), F32)
 
 
-def test_softmax_wide_rows_fit_one_tile() -> None:
-    x = randn(3, 8192, scale=5)
-    assert_close(softmax_forward(x), softmax_reference(x.double()), F32)
-    with pytest.raises(ValueError, match="do not fit one tile"):
-        softmax_forward(torch.zeros(1, 65537, device=DEVICE))
+# ---------------------------------------------------------------------------------------------
+# Rows wider than one tile: LayerNorm and softmax walk them in chunks, in two passes
+# (wide_rows.py). Few rows each: the interpreter's cost grows with programs and chunks.
+
+ROW_WISE = ["layer_norm", "add_layer_norm", "softmax"]
+CAP = runtime.MAX_ROW_BLOCK
+
+
+def test_row_block_is_one_tile_up_to_the_cap_then_chunks() -> None:
+    assert CAP == 4096
+    assert runtime.row_block(1) == (1, False)
+    assert runtime.row_block(CAP - 1) == (CAP, False) and runtime.row_block(CAP) == (CAP, False)
+    assert runtime.row_block(CAP + 1) == (CAP, True)
+    assert runtime.row_block(10**6) == (CAP, True)  # no upper limit on the width any more
+    assert runtime.row_block(200, 64) == (64, True) and runtime.row_block(64, 64) == (64, False)
+    with pytest.raises(ValueError, match="power of two"):
+        runtime.row_block(100, 48)
+
+
+# Just below the cap (one tile, padded to 4096) and just above (4096 + 1: a last chunk of one
+# column), odd row counts; forward and gradients against float64.
+WIDE = [((3, CAP - 1), F32), ((3, CAP + 1), F32), ((5, CAP + 1), BF16)]
+
+
+@pytest.mark.parametrize("shape, dtype", WIDE, ids=str)
+@pytest.mark.parametrize("name", ROW_WISE)
+def test_rows_around_the_cap_match_float64_reference(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    _check_forward(name, shape, dtype)
+    _check_gradients(name, shape, dtype)
+
+
+SMALL_CAP = 32  # a lowered cap: many chunks per row at interpreter-friendly widths
+SMALL_CAP_CASES = [
+    ((7, SMALL_CAP - 1), F32),  # one tile
+    ((7, SMALL_CAP + 1), F32),  # two chunks, the last of one column
+    ((1, 3, 3 * SMALL_CAP + 5), F32),  # 3-D, four chunks, ragged last chunk
+    ((1, 3, 3 * SMALL_CAP + 5), BF16),
+    ((3, 2 * SMALL_CAP + 7), F16),
+]
+
+
+@pytest.mark.parametrize("shape, dtype", SMALL_CAP_CASES, ids=str)
+@pytest.mark.parametrize("name", ROW_WISE)
+def test_chunked_kernels_with_a_lowered_cap(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime, "MAX_ROW_BLOCK", SMALL_CAP)  # read at every launch
+    _check_forward(name, shape, dtype)
+    if dtype != F16:
+        _check_gradients(name, shape, dtype)
+
+
+class _LaunchSpy:
+    """Stands in for a kernel: records that it was launched, then launches the real one."""
+
+    def __init__(self, kernel: object) -> None:
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., object]:
+        self.launches += 1
+        return self.kernel[grid]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("width, chunked", [(SMALL_CAP, False), (SMALL_CAP + 1, True)])
+def test_the_launchers_pick_the_chunked_kernels_only_above_the_cap(
+    width: int, chunked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tutorial_lib.kernels import wide_rows
+
+    softmax_mod = sys.modules["tutorial_lib.kernels.softmax"]
+    monkeypatch.setattr(runtime, "MAX_ROW_BLOCK", SMALL_CAP)
+    spies = {}
+    for module, name in [
+        (layernorm_module, "_layer_norm_fwd_chunked_kernel"),
+        (softmax_mod, "_softmax_fwd_chunked_kernel"),
+        (softmax_mod, "_softmax_bwd_chunked_kernel"),
+        (wide_rows, "_layer_norm_bwd_row_means_kernel"),
+        (wide_rows, "_layer_norm_bwd_chunked_kernel"),
+    ]:
+        spies[name] = _LaunchSpy(getattr(module, name))
+        monkeypatch.setattr(module, name, spies[name])
+    x, w, b = _x_and_params((3, width), F32)
+    y, mean, rstd = layer_norm_forward(x, w, b)
+    layer_norm_backward(randn(3, width, seed=5), x, w, mean, rstd, bias=b)
+    softmax_backward(randn(3, width, seed=6), softmax_forward(x))
+    assert {name: spy.launches for name, spy in spies.items()} == dict.fromkeys(spies, int(chunked))
+
+
+def test_chunked_layer_norm_keeps_precision_when_the_mean_is_large() -> None:
+    """Rows of 300 + N(0, 1): float32 sum(x^2) / N - mean^2 loses about 2% of the variance to
+    cancellation here (measured); merging each chunk's centred sum of squares (Chan et al.)
+    keeps rstd as accurate as the one-tile kernel's, to float32 rounding."""
+    x = randn(3, CAP + 1) + 300.0
+    y, mean, rstd = layer_norm_forward(x, None, None)
+    x64 = x.double()
+    rstd64 = 1 / torch.sqrt(x64.var(-1, unbiased=False) + 1e-5)
+    torch.testing.assert_close(rstd.double(), rstd64, rtol=1e-6, atol=0)
+    torch.testing.assert_close(mean.double(), x64.mean(-1), rtol=1e-6, atol=0)
+    # x - mean is rounded where float32's spacing is 2**-15 ~ 3e-5 (values near 300)
+    ref = layer_norm_reference(x64, None, None)
+    torch.testing.assert_close(y.double(), ref, rtol=0, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the -inf row
+def test_chunked_softmax_with_a_fully_masked_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first chunk of only -inf (masked positions) must not turn the online sum into NaN;
+    a row of only -inf gives NaN, as torch.softmax does."""
+    monkeypatch.setattr(runtime, "MAX_ROW_BLOCK", SMALL_CAP)
+    x = randn(4, 3 * SMALL_CAP + 1, scale=4)
+    x[0, :SMALL_CAP] = -float("inf")
+    x[1, SMALL_CAP : 2 * SMALL_CAP] = -float("inf")
+    x[2, :] = -float("inf")
+    y = softmax_forward(x)
+    expected = softmax_reference(x.double())
+    assert y[2].isnan().all() and expected[2].isnan().all()
+    assert_close(y[[0, 1, 3]], expected[[0, 1, 3]], F32)
+    assert (y[0, :SMALL_CAP] == 0).all()
 
 
 def test_non_contiguous_inputs_are_made_contiguous() -> None:

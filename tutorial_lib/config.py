@@ -130,6 +130,10 @@ class RunPreset:
     Benchmarks:
         bench_warmup, bench_iters: timing iterations for ``perf.benchmark``.
         bench_batch_size: sequences per timed training step in the benchmarks.
+        gemm_widths: n of the n x n x n BF16 and FP8 GEMMs that chapter 5 times on rotating
+            inputs (``bench.gemm_sweep``); multiples of 16, ``torch._scaled_mm``'s rule.
+        gemm_small_width: the small GEMM timed on the same inputs every call, kept as the
+            example of a launch/L2-bound measurement.
     Comparisons (chapter 3's FP32 vs BF16 parity run, and later ones):
         parity_steps, parity_batch_size: a shorter run, since BF16 is slow on CPUs without BF16
             matrix instructions (AVX2 only).
@@ -150,6 +154,8 @@ class RunPreset:
     bench_warmup: int = 2
     bench_iters: int = 5
     bench_batch_size: int = 16
+    gemm_widths: tuple[int, ...] = (192, 256, 384)
+    gemm_small_width: int = 128
     parity_steps: int = 100
     parity_batch_size: int = 16
     ladder_steps: int = 100
@@ -183,6 +189,10 @@ PRESETS: dict[str, RunPreset] = {
         bench_warmup=1,
         bench_iters=5,
         bench_batch_size=4,
+        # BF16 GEMMs ran at ~1.2 GFLOP/s on the AVX2-only EPYC: these widths cost ~1 GFLOP
+        # over warm-up + timed calls, about 1 s there (much less with BF16 matrix units).
+        gemm_widths=(192, 256, 384),
+        gemm_small_width=128,
         parity_steps=30,
         parity_batch_size=4,
         ladder_steps=15,
@@ -207,6 +217,10 @@ PRESETS: dict[str, RunPreset] = {
         bench_warmup=5,
         bench_iters=20,
         bench_batch_size=16,
+        # Wide enough that the GEMMs, not the launch, take the time (2 x 4096^3 FLOP is ~140 us
+        # at BF16's dense peak); 1024 is the launch/L2-bound example (~2 us at that peak).
+        gemm_widths=(4096, 6144, 8192),
+        gemm_small_width=1024,
         parity_steps=100,
         parity_batch_size=16,
         ladder_steps=100,

@@ -7,10 +7,12 @@ measuring tools of ``tutorial_lib.perf``, and nothing below it imports it.
   Hopper record, table helpers) every script under ``benchmarks/`` writes;
 - ``policy_bench``: one training step per precision policy (chapter 3, benchmarks/precision.py);
 - ``fp8_model``: the roofline model of when FP8 pays off (chapter 5);
+- ``gemm_bench``: BF16 vs FP8 GEMM times by width on rotating inputs (chapter 5);
 - ``ladder``: chapter 7's ablation ladder; ``fusion_bench``: chapter 6's ops and steps.
 """
 
 from .fp8_model import GemmCost, linear_layer_cost, sweep
+from .gemm_bench import GemmTiming, gemm_sweep, gemm_sweep_table, plot_gemm_sweep
 from .policy_bench import benchmark_policies, make_step, run_policy
 from .results import (
     environment_stamp,
@@ -39,4 +41,9 @@ __all__ = [
     "GemmCost",
     "linear_layer_cost",
     "sweep",
+    # measured BF16 vs FP8 GEMMs on rotating inputs (chapter 5)
+    "GemmTiming",
+    "gemm_sweep",
+    "gemm_sweep_table",
+    "plot_gemm_sweep",
 ]

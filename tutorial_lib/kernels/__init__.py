@@ -17,7 +17,8 @@ module               user-facing functions
 ``traffic``          the minimum HBM bytes of each kernel, and achieved bandwidth
 ``runtime``          where kernels run, ``triton_status()``, input checks
 ``fused``            ``TritonLayers`` (a layer factory: ``AddNormBlock``, ``BiasGELUMLP``)
-``compile``          ``torch.compile`` with compile time, graph breaks and kernel counts
+``compile``          ``torch.compile`` with compile time, graph breaks and kernel counts;
+                     ``count_graph_breaks()`` around any code that compiles
 ===================  =========================================================================
 
 Without a CUDA device, importing this package switches on Triton's interpreter
@@ -30,8 +31,10 @@ from __future__ import annotations
 from .bias_gelu import bias_gelu, bias_gelu_backward, bias_gelu_forward, bias_gelu_reference
 from .compile import (
     CompileReport,
+    GraphBreaks,
     compile_model,
     count_eager_ops,
+    count_graph_breaks,
     count_kernels,
     generated_code,
     kernel_excerpt,
@@ -125,6 +128,8 @@ __all__ = [
     "compile_model",
     "measure_compile",
     "CompileReport",
+    "count_graph_breaks",
+    "GraphBreaks",
     "generated_code",
     "count_kernels",
     "count_eager_ops",

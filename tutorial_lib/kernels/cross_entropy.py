@@ -98,8 +98,10 @@ def _cross_entropy_fwd_kernel(
             other=-float("inf"),
         ).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=1))
-        # Rescale what we summed so far to the new max, then add this chunk.
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), axis=1)
+        # Rescale what we summed so far to the new max, then add this chunk. While a row has
+        # seen only -inf (a masked chunk), shift by 0 instead: -inf - -inf would be NaN.
+        shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
         m = m_new
     lse = m + tl.log(s)  # log(sum(exp(x))), never overflowing
 

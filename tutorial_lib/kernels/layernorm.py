@@ -1,6 +1,8 @@
 """LayerNorm, and residual-add + LayerNorm, as Triton kernels with a hand-written backward.
 
-Forward, per row of N values (the whole row sits in one tile, so each element is read once)::
+Forward, per row of N values (up to ``runtime.MAX_ROW_BLOCK`` = 4096 values the whole row sits
+in one tile, so each element is read once; wider rows go through the two-pass kernels of
+``wide_rows.py``)::
 
     mean = sum(x) / N,   rstd = 1 / sqrt(sum((x - mean)^2) / N + eps)
     xhat = (x - mean) * rstd,   y = xhat * weight + bias
@@ -34,14 +36,15 @@ from .runtime import (
     as_rows,
     cdiv,
     check_kernel_inputs,
-    check_row_width,
     max_programs,
     next_power_of_2,
     output_buffer,
+    row_block,
     row_tile,
     tl,
     triton,
 )
+from .wide_rows import _layer_norm_fwd_chunked_kernel, layer_norm_backward_chunked
 
 Tensor = torch.Tensor
 
@@ -208,14 +211,15 @@ def _forward(
     out: Tensor | None,
     s_out: Tensor | None,
     block_m: int | None,
+    max_block_n: int | None,
     name: str,
 ) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
-    """Shared launcher: ``(s or None, y, mean, rstd)``."""
+    """Shared launcher: ``(s or None, y, mean, rstd)``; one tile per row, or chunks if wider."""
     check_kernel_inputs(x, residual, weight, bias, name=name)
     x2 = as_rows(x)
     M, N = x2.shape
     weight, bias = _checked_params(N, weight, bias, name)
-    block_n = check_row_width(N, name)
+    block_n, chunked = row_block(N, max_block_n)
     tile = row_tile(M, block_n, block_m)
     s = r2 = None
     if residual is not None:
@@ -229,7 +233,8 @@ def _forward(
     mean = torch.empty(M, dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     dummy = x2  # stands in for absent tensors; the constexpr flags keep it from being touched
-    _layer_norm_fwd_kernel[(cdiv(M, tile.block_m),)](
+    kernel = _layer_norm_fwd_chunked_kernel if chunked else _layer_norm_fwd_kernel
+    kernel[(cdiv(M, tile.block_m),)](
         x2,
         r2 if r2 is not None else dummy,
         s if s is not None else dummy,
@@ -259,13 +264,17 @@ def layer_norm_forward(
     out: Tensor | None = None,
     *,
     block_m: int | None = None,
+    max_block_n: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the forward kernel on ``x`` (..., N): ``(y, mean, rstd)``, mean/rstd float32 (M,).
 
     ``y`` has ``x``'s dtype; ``weight`` and ``bias`` (N,) may have another (under autocast they
-    are float32 parameters while ``x`` is bfloat16), or be None (1 and 0).
+    are float32 parameters while ``x`` is bfloat16), or be None (1 and 0). Rows wider than
+    ``max_block_n`` (default ``runtime.MAX_ROW_BLOCK``) run the two-pass chunked kernel.
     """
-    _, y, mean, rstd = _forward(x, None, weight, bias, eps, out, None, block_m, "layer_norm")
+    _, y, mean, rstd = _forward(
+        x, None, weight, bias, eps, out, None, block_m, max_block_n, "layer_norm"
+    )
     return y, mean, rstd
 
 
@@ -279,11 +288,12 @@ def add_layer_norm_forward(
     s_out: Tensor | None = None,
     *,
     block_m: int | None = None,
+    max_block_n: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Launch the fused kernel: ``(s, y, mean, rstd)`` with ``s = x + residual`` in
     ``torch.result_type(x, residual)`` and ``y = LayerNorm(s)`` in the same dtype."""
     s, y, mean, rstd = _forward(
-        x, residual, weight, bias, eps, out, s_out, block_m, "add_layer_norm"
+        x, residual, weight, bias, eps, out, s_out, block_m, max_block_n, "add_layer_norm"
     )
     assert s is not None
     return s, y, mean, rstd
@@ -302,6 +312,7 @@ def layer_norm_backward(
     dx_out: Tensor | None = None,
     block_m: int | None = None,
     num_programs: int | None = None,
+    max_block_n: int | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Launch the backward kernels: ``(dx, dweight, dbias)``.
 
@@ -310,7 +321,8 @@ def layer_norm_backward(
     come back in the parameters' dtypes. ``ds`` (same shape as ``x``) is gradient that reached
     ``x`` by another path and is added to ``dx`` in the same pass (``add_layer_norm``). ``dx``
     has ``x``'s dtype unless ``dx_out`` says otherwise. ``block_m`` and ``num_programs`` override
-    the tiling, so tests can force several row tiles per program and ragged tails.
+    the tiling, so tests can force several row tiles per program and ragged tails; rows wider
+    than ``max_block_n`` (default ``runtime.MAX_ROW_BLOCK``) take the two-pass chunked kernels.
     """
     check_kernel_inputs(dy, x, weight, ds, name="layer_norm backward")
     x2, dy2 = as_rows(x), as_rows(dy)
@@ -318,7 +330,7 @@ def layer_norm_backward(
     if dy.shape != x.shape or (ds is not None and ds.shape != x.shape):
         raise ValueError("layer_norm backward: dy (and ds) must have x's shape")
     weight, _ = _checked_params(N, weight, None, "layer_norm backward")
-    block_n = check_row_width(N, "layer_norm backward")
+    block_n, chunked = row_block(N, max_block_n)
     tile = row_tile(M, block_n, block_m)
     grid = min(cdiv(M, tile.block_m), num_programs or max_programs(x.device))
     dx_dtype = dx_out.dtype if dx_out is not None else x.dtype  # any kernel dtype is fine
@@ -326,18 +338,9 @@ def layer_norm_backward(
     wanted = weight_grads and (weight is not None or bias is not None)
     part_w = torch.empty(grid, N, device=x.device) if wanted else x2
     part_b = torch.empty(grid, N, device=x.device) if wanted else x2
-    _layer_norm_bwd_kernel[(grid,)](
-        dy2,
-        x2,
-        weight if weight is not None else x2,
-        mean,
-        rstd,
-        as_rows(ds) if ds is not None else x2,
-        dx,
-        part_w,
-        part_b,
-        M,
-        N,
+    w2 = weight if weight is not None else x2
+    ds2 = as_rows(ds) if ds is not None else x2
+    flags: dict[str, Any] = dict(
         HAS_WEIGHT=weight is not None,
         HAS_DS=ds is not None,
         WEIGHT_GRADS=wanted,
@@ -345,6 +348,12 @@ def layer_norm_backward(
         BLOCK_N=block_n,
         num_warps=tile.num_warps,
     )
+    if chunked:
+        layer_norm_backward_chunked(dy2, x2, w2, mean, rstd, ds2, dx, part_w, part_b, grid, flags)
+    else:
+        _layer_norm_bwd_kernel[(grid,)](
+            dy2, x2, w2, mean, rstd, ds2, dx, part_w, part_b, M, N, **flags
+        )
     dw = sum_partials(part_w, weight.dtype) if wanted and weight is not None else None
     db = sum_partials(part_b, bias.dtype) if wanted and bias is not None else None
     return dx, dw, db

@@ -98,9 +98,12 @@ except Exception as exc:  # ImportError, or a broken install raising something e
     tl = None
     _TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-# Rows wider than this do not fit one tile. The single-tile kernels load a whole row at once: in
-# registers for short rows; near this limit the compiler spills to local memory (chapter 6).
-MAX_BLOCK_N = 65536
+# The widest row a row-wise kernel (LayerNorm, softmax) holds as one tile. Wider rows are walked
+# in chunks of this many columns, in two passes (``wide_rows.py``). Why 4096: it is the tile that
+# `row_tile` aims for anyway (8 warps, 16 float32 values per thread per live tile, as at GPT-2's
+# width), and every width of ``MODEL_SIZES`` (n_embd <= 4096, context <= 2048) stays one tile.
+# A whole-row tile of 65536 float32 values would be 256 KB, an SM's entire register file.
+MAX_ROW_BLOCK = 4096
 # How many programs a launch aims for in the interpreter (where each costs milliseconds).
 INTERPRETER_PROGRAMS = 16
 
@@ -222,15 +225,19 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def check_row_width(n: int, name: str) -> int:
-    """``BLOCK_N`` for a kernel that keeps whole rows on chip, or a clear error if too wide."""
+def row_block(n: int, max_block_n: int | None = None) -> tuple[int, bool]:
+    """``(BLOCK_N, chunked)`` for a kernel that needs whole rows of ``n`` values.
+
+    Rows of at most ``max_block_n`` (default ``MAX_ROW_BLOCK``) values are one tile of
+    ``next_power_of_2(n)`` columns, read once (``chunked`` False). Wider rows are walked in chunks
+    of ``max_block_n`` columns, one pass for the row statistics and one to write the result
+    (``chunked`` True). ``max_block_n`` must be a power of two; tests lower it to force chunks.
+    """
+    cap = MAX_ROW_BLOCK if max_block_n is None else max_block_n
+    if cap < 1 or cap != next_power_of_2(cap):
+        raise ValueError(f"max_block_n must be a power of two, got {max_block_n}")
     block_n = next_power_of_2(n)
-    if block_n > MAX_BLOCK_N:
-        raise ValueError(
-            f"{name}: rows of {n} elements do not fit one tile (at most {MAX_BLOCK_N}); "
-            "use the PyTorch version for such wide rows"
-        )
-    return block_n
+    return (block_n, False) if block_n <= cap else (cap, True)
 
 
 @dataclass(frozen=True)

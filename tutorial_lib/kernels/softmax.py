@@ -9,12 +9,13 @@ The backward needs only ``y`` (saved by the forward) and ``dy``::
 
     dx = y * (dy - sum(dy * y))
 
-Each program loads whole rows as one tile (``BLOCK_N >= N``, up to 65536), so the forward
-reads ``x`` once and writes ``y`` once: the minimum traffic. A short row fits in registers; a
-65536-value row is 256 KB of float32, a whole SM's register file, so the compiler spills to local
-memory there (still correct, slower than the traffic count promises). Rows that wide are better
-served by looping over the row with an *online* max and sum, as ``cross_entropy.py`` does over
-the vocabulary.
+Up to ``runtime.MAX_ROW_BLOCK`` (4096) values, each program loads whole rows as one tile
+(``BLOCK_N >= N``), so the forward reads ``x`` once and writes ``y`` once: the minimum traffic,
+with the row in registers. A wider row as one tile would not fit in registers (65536 float32
+values are 256 KB, a whole SM's register file) and the compiler would spill it to local memory;
+such rows go through ``wide_rows.py`` instead, which loops over the row in chunks with an
+*online* max and sum, as ``cross_entropy.py`` does over the vocabulary, then writes in a second
+pass.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from .runtime import (
     as_rows,
     cdiv,
     check_kernel_inputs,
-    check_row_width,
     output_buffer,
+    row_block,
     row_tile,
     tl,
     triton,
 )
+from .wide_rows import _softmax_bwd_chunked_kernel, _softmax_fwd_chunked_kernel
 
 Tensor = torch.Tensor
 
@@ -84,33 +86,50 @@ def _softmax_bwd_kernel(
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)  # write dx
 
 
-def softmax_forward(x: Tensor, out: Tensor | None = None, *, block_m: int | None = None) -> Tensor:
-    """Launch the forward kernel: softmax of ``x`` (..., N) over its last dim, in ``x.dtype``."""
+def softmax_forward(
+    x: Tensor,
+    out: Tensor | None = None,
+    *,
+    block_m: int | None = None,
+    max_block_n: int | None = None,
+) -> Tensor:
+    """Launch the forward kernel: softmax of ``x`` (..., N) over its last dim, in ``x.dtype``.
+
+    Rows wider than ``max_block_n`` (default ``runtime.MAX_ROW_BLOCK``) take the two-pass
+    chunked kernel."""
     check_kernel_inputs(x, name="softmax")
     x2 = as_rows(x)
     M, N = x2.shape
-    block_n = check_row_width(N, "softmax")
+    block_n, chunked = row_block(N, max_block_n)
     y = output_buffer(out, x.shape, x.dtype, x.device, "softmax out")
     tile = row_tile(M, block_n, block_m)
-    _softmax_fwd_kernel[(cdiv(M, tile.block_m),)](
+    kernel = _softmax_fwd_chunked_kernel if chunked else _softmax_fwd_kernel
+    kernel[(cdiv(M, tile.block_m),)](
         x2, y, M, N, BLOCK_M=tile.block_m, BLOCK_N=block_n, num_warps=tile.num_warps
     )
     return y
 
 
 def softmax_backward(
-    dy: Tensor, y: Tensor, dx_out: Tensor | None = None, *, block_m: int | None = None
+    dy: Tensor,
+    y: Tensor,
+    dx_out: Tensor | None = None,
+    *,
+    block_m: int | None = None,
+    max_block_n: int | None = None,
 ) -> Tensor:
-    """Launch the backward kernel: ``dx = y * (dy - sum(dy * y))`` per row, in ``y.dtype``."""
+    """Launch the backward kernel: ``dx = y * (dy - sum(dy * y))`` per row, in ``y.dtype``
+    (two passes over rows wider than ``max_block_n``, as in the forward)."""
     check_kernel_inputs(dy, y, name="softmax backward")
     if dy.shape != y.shape:
         raise ValueError(f"softmax backward: dy {tuple(dy.shape)} != y {tuple(y.shape)}")
     y2, dy2 = as_rows(y), as_rows(dy)
     M, N = y2.shape
-    block_n = check_row_width(N, "softmax backward")
+    block_n, chunked = row_block(N, max_block_n)
     dx = output_buffer(dx_out, y.shape, y.dtype, y.device, "softmax dx_out")
     tile = row_tile(M, block_n, block_m)
-    _softmax_bwd_kernel[(cdiv(M, tile.block_m),)](
+    kernel = _softmax_bwd_chunked_kernel if chunked else _softmax_bwd_kernel
+    kernel[(cdiv(M, tile.block_m),)](
         dy2, y2, dx, M, N, BLOCK_M=tile.block_m, BLOCK_N=block_n, num_warps=tile.num_warps
     )
     return dx
@@ -134,6 +153,7 @@ class SoftmaxFunction(torch.autograd.Function):
 def softmax(x: Tensor) -> Tensor:
     """``torch.softmax(x, dim=-1)`` on the Triton kernels, differentiable; returns ``x.dtype``.
 
-    ``x`` is (..., N) in float32, bfloat16 or float16, with N up to 65536.
+    ``x`` is (..., N) in float32, bfloat16 or float16, with any N (rows wider than 4096 values
+    are processed in chunks, in two passes).
     """
     return SoftmaxFunction.apply(x)
