@@ -91,6 +91,13 @@ _FACTS_JS = """
     widgetViews: views.length,
     // The renderer puts each view's widget next to its script tag.
     widgetsRendered: views.filter(v => v.parentElement?.querySelector(".jupyter-widgets")).length,
+    // Code blocks (cell inputs, listings, outputs) wider than the text column: the reader
+    // would have to scroll sideways. Outputs may scroll (a wide table is data, not code).
+    overflowingCode: [...article.querySelectorAll("div.highlight pre")]
+      .filter(p => !p.closest(".cell_output, .output"))
+      .filter(p => p.scrollWidth > p.clientWidth + 1)
+      .map(p => ({first: p.innerText.split("\n").find(l => l.length > 60)?.slice(0, 90) ?? "",
+                  overflow: p.scrollWidth - p.clientWidth})),
     // The text's own links, not the prev/next buttons at the foot of the article.
     links: [...article.querySelectorAll("a[href]")].filter(a => !a.closest(".prev-next-area"))
       .map(a => a.getAttribute("href")),

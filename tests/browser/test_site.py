@@ -67,6 +67,12 @@ def test_page(docname, browser, site_url, screenshots):
         f"{docname}: raw TeX in the text near {facts['text'][max(0, raw.start() - 60) : raw.end() + 20]!r}"
     )
 
+    # Code fits the text column (issue #16): no code block scrolls sideways.
+    assert not facts["overflowingCode"], (
+        f"{docname}: code wider than the column, {len(facts['overflowingCode'])} blocks: "
+        f"{facts['overflowingCode'][:3]}"
+    )
+
     # Navigation: previous and next follow the table of contents.
     i = PAGES.index(docname)
     expected_prev = PAGES[i - 1] + ".html" if i > 0 else None
