@@ -3,6 +3,8 @@ kernel counts, and the eager op count they are compared with."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,11 +13,13 @@ from tutorial_lib.kernels.compile import (
     CompileReport,
     compile_model,
     count_eager_ops,
+    count_graph_breaks,
     count_kernels,
     generated_code,
     kernel_excerpt,
     kernel_names,
     measure_compile,
+    short_break_reason,
 )
 
 
@@ -105,6 +109,63 @@ def test_measure_compile_counts_graph_breaks_with_reasons() -> None:
     assert report.graph_breaks is not None and report.graph_breaks >= 1
     assert report.graphs == 2
     assert report.break_reasons
+
+
+def _one_break(x: torch.Tensor) -> torch.Tensor:
+    y = torch.sin(x)
+    print("a known graph break")  # Dynamo cannot trace print: a graph break
+    return torch.cos(y)
+
+
+def _break_in_loop(x: torch.Tensor) -> torch.Tensor:
+    for _ in range(2):
+        x = x + 1
+        torch._dynamo.graph_break()
+    return x
+
+
+@pytest.mark.parametrize(
+    ("fn", "breaks", "graphs", "skipped"),
+    [
+        (lambda x: torch.cos(torch.sin(x)), 0, 1, 0),
+        (_one_break, 1, 2, 0),
+        (_break_in_loop, 0, 0, 1),  # Dynamo gives up on the frame: it runs eagerly
+    ],
+)
+def test_count_graph_breaks(
+    fn: Callable[[torch.Tensor], torch.Tensor], breaks: int, graphs: int, skipped: int
+) -> None:
+    torch._dynamo.reset()
+    with count_graph_breaks() as counted:
+        torch.compile(fn, backend="eager")(torch.randn(8))  # Dynamo only: fast
+    assert (counted.breaks, counted.graphs, counted.skipped_frames) == (breaks, graphs, skipped)
+    assert sum(counted.reasons.values()) == breaks
+    if breaks:
+        ((reason, n),) = counted.reasons.items()
+        assert n == 1 and "print" in reason.lower()
+        ((site, _),) = counted.sites.items()
+        assert site.startswith("test_compile_tools.py:") and 'print("a known graph break"' in site
+    if skipped:  # the nested reason once, not again on its own
+        ((reason, n),) = counted.skip_reasons.items()
+        assert n == 1 and "graph_break()" in reason and " -> graph break in loop" in reason
+    assert "graph break(s)" in counted.summary()
+    # Compiled already, guards hold: nothing compiles, nothing is counted.
+    with count_graph_breaks() as again:
+        torch.compile(fn, backend="eager")(torch.randn(8))
+    assert (again.breaks, again.graphs) == (0, 0)
+
+
+def test_short_break_reason_is_one_line_without_addresses() -> None:
+    text = (
+        "Skip inlining `torch.compiler.disable()`d function\n"
+        "  Explanation: Skip inlining function <function f at 0x7f66a3e160> since it was "
+        "wrapped\n  Hint: Remove it\n\n*** While handling this graph break, another graph "
+        "break occurred: ***\n\ngraph break in loop\n  Explanation: Skipping the frame.\n"
+    )
+    assert short_break_reason(text) == (
+        "Skip inlining `torch.compiler.disable()`d function: Skip inlining function "
+        "<function f> since it was wrapped -> graph break in loop: Skipping the frame."
+    )
 
 
 def test_measure_compile_validates_and_reports_compile_time() -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -11,21 +12,27 @@ from types import ModuleType
 
 import matplotlib.pyplot as plt
 import pytest
+import torch
 
 from tutorial_lib.__main__ import main
 from tutorial_lib.bench.fusion_bench import plot_op_bandwidth
 from tutorial_lib.bench.ladder import (
     FUSIONS,
     LADDER_MAX_LR,
+    RECIPE_FIELDS,
     Rung,
     final_loss,
+    format_graph_breaks,
+    ladder_meta,
     ladder_rungs,
     ladder_table,
     plot_ladder,
     plot_ladder_losses,
     run_ladder,
+    rung_changes,
 )
-from tutorial_lib.config import PRESETS
+from tutorial_lib.build import ModelRecipe
+from tutorial_lib.config import PRESETS, GPTConfigOverrides
 from tutorial_lib.data import TokenData
 
 # The conftest TINY model at the ci preset's learning rate; 4 steps of 2 sequences.
@@ -37,7 +44,7 @@ PRESET = dataclasses.replace(
 )
 
 
-def test_rungs_are_cumulative_and_fusion_is_chosen() -> None:
+def test_rungs_and_fusion_choice() -> None:
     for fusion in FUSIONS:
         rungs = ladder_rungs(fusion)
         assert [r.precision for r in rungs] == [
@@ -46,13 +53,31 @@ def test_rungs_are_cumulative_and_fusion_is_chosen() -> None:
             "bf16",
             "bf16",
             "fp8",
+            "fp8",
             "te-fp8-fused",
         ]
         assert rungs[3].compile == rungs[4].compile == (fusion in ("compile", "both"))
         assert rungs[3].fused == rungs[4].fused == (fusion in ("triton", "both"))
-        assert not any(r.fused or r.compile for r in rungs[:3])
+        assert not any(r.fused or r.compile for r in rungs[:3] + rungs[5:])
+        assert [r.name[0] for r in rungs] == [str(i) for i in range(1, 8)]
     with pytest.raises(ValueError, match="fusion must be one of"):
         ladder_rungs("xla")
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+def test_neighbouring_rungs_differ_in_exactly_one_recipe_field(fusion: str) -> None:
+    # The fields compared are the ones build_model records on the model.
+    assert set(RECIPE_FIELDS) <= {f.name for f in dataclasses.fields(ModelRecipe)}
+    rungs = ladder_rungs(fusion)
+    changes = [rung_changes(lower, upper) for lower, upper in itertools.pairwise(rungs)]
+    fusion_steps = {3: (False, True), 5: (True, False)}  # rung 4 adds the fusion, rung 6 drops it
+    for i, change in enumerate(changes, start=1):
+        if i in fusion_steps and fusion == "both":  # one choice that turns two switches
+            assert change == {"fused": fusion_steps[i], "compile": fusion_steps[i]}
+        else:
+            assert len(change) == 1, (rungs[i].name, change)
+    assert list(changes[5]) == ["precision"]  # TE (rung 7) against our FP8, both unfused
+    assert rung_changes(rungs[0], rungs[0]) == {}
 
 
 def test_final_loss_averages_the_last_fifth() -> None:
@@ -98,6 +123,57 @@ def test_table_and_figures(rows: list[dict]) -> None:
     plt.close("all")
 
 
+# FP8 needs widths that are multiples of 16 and token counts that are multiples of 8.
+FP8_OVERRIDES: GPTConfigOverrides = {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32}
+FP8_PRESET = dataclasses.replace(PRESET, model_overrides=FP8_OVERRIDES)
+
+
+@pytest.fixture
+def dynamo_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Module.compile`` with the ``eager`` backend: Dynamo traces (and breaks graphs) as
+    with Inductor, but nothing is code-generated, so a compiled rung takes seconds."""
+    compile_module = torch.nn.Module.compile
+
+    def compile_eager(self: torch.nn.Module, *args: object, **kwargs: object) -> None:
+        compile_module(self, *args, **{**kwargs, "backend": "eager"})
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_eager)
+
+
+def test_compiled_rungs_record_their_graph_breaks(
+    dynamo_only: None, data_factory: Callable[..., TokenData]
+) -> None:
+    rungs = [
+        Rung("fp32 compiled", "fp32", compile=True),
+        Rung("fp8 compiled", "fp8", compile=True),
+        Rung("fp8 eager", "fp8"),
+    ]
+    data = data_factory(block_size=16)
+    rows = run_ladder(FP8_PRESET, "cpu", rungs, steps=2, batch=2, data=data, progress=False)
+    clean, fp8, eager = rows
+    assert clean["graph_breaks"] == 0 and clean["graphs"] >= 1 and clean["graph_break_sites"] == {}
+    # FP8Linear.forward is wrapped in torch.compiler.disable: a known break at every call site.
+    assert fp8["graph_breaks"] >= 1 and fp8["graphs"] > clean["graphs"]
+    assert all("FP8Linear.forward" in why for why in fp8["graph_break_reasons"])
+    assert sum(fp8["graph_break_reasons"].values()) == fp8["graph_breaks"]
+    assert any("self.qkv(x)" in site for site in fp8["graph_break_sites"])
+    assert "graph_breaks" not in eager  # not compiled: nothing to count
+    table = ladder_table(rows)
+    assert [t["graph breaks"] for t in table] == [0, fp8["graph_breaks"], None]
+    text = format_graph_breaks(fp8)
+    assert f"{fp8['graph_breaks']} graph break(s)" in text and "FP8Linear.forward" in text
+    assert "not compiled" in format_graph_breaks(eager)
+    meta = ladder_meta(FP8_PRESET, rows)["graph_breaks"]
+    assert set(meta) == {"fp32 compiled", "fp8 compiled"}  # what a results file records
+    assert meta["fp8 compiled"]["graph_break_sites"] == fp8["graph_break_sites"]
+    # Another run compiles from scratch (Dynamo is reset): a model twice as deep counts the same
+    # breaks, since identical blocks share one compiled frame.
+    deeper = dataclasses.replace(FP8_PRESET, model_overrides={**FP8_OVERRIDES, "n_layer": 2})
+    again = run_ladder(deeper, "cpu", rungs[1:2], steps=1, batch=2, data=data, progress=False)
+    assert again[0]["graph_breaks"] == fp8["graph_breaks"]
+    assert again[0]["graph_break_sites"] == fp8["graph_break_sites"]
+
+
 def test_cli_bench_ladder_writes_results(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,7 +185,7 @@ def test_cli_bench_ladder_writes_results(
             "--preset",
             "ci",
             "--rungs",
-            "1,2,6",
+            "1,2,7",
             "--steps",
             "2",
             "--batch-size",
@@ -126,7 +202,7 @@ def test_cli_bench_ladder_writes_results(
     assert "1 fp32 eager" in out and "2 tf32" in out and "skipped" in out
     (path,) = tmp_path.glob("ladder__*__ci__*.json")
     record = json.loads(path.read_text())
-    assert [r["rung"] for r in record["rows"]] == ["1 fp32 eager", "2 tf32", "6 TE fused fp8"]
+    assert [r["rung"] for r in record["rows"]] == ["1 fp32 eager", "2 tf32", "7 TE fused fp8"]
     assert len(record["meta"]["losses"]["1 fp32 eager"]) == 2
     assert record["meta"]["lr"] == 5e-4
     assert record["environment"]["preset"] == "ci"
@@ -136,7 +212,7 @@ def test_cli_bench_ladder_writes_results(
     ("argv", "message"),
     [
         (["bench"], "Choose a benchmark: --ladder"),
-        (["bench", "--ladder", "--rungs", "0,2"], "rung numbers run from 1 to 6"),
+        (["bench", "--ladder", "--rungs", "0,2"], "rung numbers run from 1 to 7"),
         (["bench", "--ladder", "--rungs", "one"], "comma-separated numbers"),
     ],
 )

@@ -1,17 +1,24 @@
-"""The ablation ladder (chapter 7): one rung per optimisation, each keeping the ones below it.
+"""The ablation ladder (chapter 7): each rung differs from the one below it in one thing.
 
     1. fp32 eager        the baseline
     2. tf32              FP32 matmuls on TF32 tensor cores (CUDA only)
     3. bf16 autocast     BF16 matmuls and attention, FP32 master weights
     4. + fusion          torch.compile (default) or our Triton kernels (``fusion="triton"``)
     5. + fp8             our delayed-scaling FP8 Linear layers, still with rung 4's fusion
-    6. TE fused fp8      Transformer Engine's LayerNormLinear/LayerNormMLP (``te-fp8-fused``)
+    6. fp8 unfused       rung 5 without rung 4's fusion: TE's modules (rung 7) do not run under
+                         torch.compile, so rung 7 is compared with an unfused rung
+    7. TE fused fp8      Transformer Engine's LayerNormLinear/LayerNormMLP (``te-fp8-fused``)
+
+"One thing" is one of the fields ``build_model`` records in ``ModelRecipe`` (``RECIPE_FIELDS``):
+``rung_changes`` lists them, and the tests hold every neighbouring pair to exactly one, except
+that ``fusion="both"`` turns two switches (our kernels and torch.compile) on and off together.
 
 Every rung trains the same model from the same seed on the same batches with the ``Trainer`` for
 the same number of steps, so one run gives both numbers the chapter needs: throughput (median step
 time after the warm-up steps, which also absorb compilation), MFU and peak memory, and the loss
-curve to compare with the FP32 one. A rung the device cannot run is kept in the table with the
-reason (``skipped``), never silently dropped.
+curve to compare with the FP32 one. A compiled rung also records Dynamo's graph breaks, with
+their reasons and the lines where they happened (``kernels.compile.count_graph_breaks``). A rung
+the device cannot run is kept in the table with the reason (``skipped``), never silently dropped.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from ..build import build_model
 from ..config import RunPreset
 from ..data import TokenData, make_data
 from ..hardware import default_device, describe_device
+from ..kernels.compile import GraphBreaks, count_graph_breaks
 from ..precision import get_policy
 from ..train import TrainConfig, Trainer
 from ..viz import label_hardware
@@ -37,8 +45,11 @@ from ..viz import label_hardware
 __all__ = [
     "FUSIONS",
     "LADDER_MAX_LR",
+    "RECIPE_FIELDS",
     "Rung",
     "ladder_rungs",
+    "rung_changes",
+    "format_graph_breaks",
     "run_rung",
     "run_ladder",
     "ladder_table",
@@ -57,9 +68,14 @@ FUSIONS = ("compile", "triton", "both")
 LADDER_MAX_LR = 1e-3
 
 
+# The fields of a rung that build_model turns into a model (build.ModelRecipe's names).
+RECIPE_FIELDS = ("precision", "fused", "compile")
+
+
 @dataclass(frozen=True)
 class Rung:
-    """One rung: a precision policy plus the kernel options (``TrainConfig.fused``/``compile``)."""
+    """One rung: a precision policy plus the kernel options (``build_model``'s ``fused`` and
+    ``compile``)."""
 
     name: str
     precision: str
@@ -69,8 +85,9 @@ class Rung:
 
 
 def ladder_rungs(fusion: str = "compile") -> list[Rung]:
-    """The six rungs. ``fusion`` picks rung 4's (and 5's) fusion: ``compile`` (torch.compile),
-    ``triton`` (our kernels; on a CPU they run in Triton's slow interpreter) or ``both``."""
+    """The seven rungs. ``fusion`` picks the fusion rung 4 adds and rung 6 takes away:
+    ``compile`` (torch.compile), ``triton`` (our kernels; on a CPU they run in Triton's slow
+    interpreter) or ``both``."""
     if fusion not in FUSIONS:
         raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}.")
     opts = {"compile": fusion in ("compile", "both"), "fused": fusion in ("triton", "both")}
@@ -81,8 +98,18 @@ def ladder_rungs(fusion: str = "compile") -> list[Rung]:
         Rung("3 bf16 autocast", "bf16", what="BF16 matmuls, FP32 master weights"),
         Rung(f"4 + {label[fusion]}", "bf16", **opts, what="memory-bound ops fused"),
         Rung("5 + fp8", "fp8", **opts, what="FP8 delayed scaling (ours), plus rung 4"),
-        Rung("6 TE fused fp8", "te-fp8-fused", what="TE LayerNormLinear/LayerNormMLP in FP8"),
+        Rung("6 fp8 unfused", "fp8", what=f"rung 5 without {label[fusion]}, as TE runs"),
+        Rung("7 TE fused fp8", "te-fp8-fused", what="TE LayerNormLinear/LayerNormMLP in FP8"),
     ]
+
+
+def rung_changes(lower: Rung, upper: Rung) -> dict[str, tuple[Any, Any]]:
+    """``{field: (lower's value, upper's value)}`` for each of ``RECIPE_FIELDS`` that differs."""
+    return {
+        f: (getattr(lower, f), getattr(upper, f))
+        for f in RECIPE_FIELDS
+        if getattr(lower, f) != getattr(upper, f)
+    }
 
 
 def _median(values: Sequence[float]) -> float:
@@ -143,7 +170,7 @@ def run_rung(
         trainer = Trainer(model, data, cfg, device=device)
     except ValueError as exc:  # e.g. FP8 shapes not multiples of 16
         return {**row, "skipped": str(exc)}
-    history = trainer.train()
+    history, breaks = _train(trainer, rung.compile)
     timed = [r for r in history if int(r["step"]) >= warmup] or history  # type: ignore[arg-type]
     step_s = _median([float(r["step_time_s"]) for r in timed])  # type: ignore[arg-type]
     mfus = [r["mfu"] for r in timed if r["mfu"] is not None]
@@ -162,10 +189,61 @@ def run_rung(
         losses=[float(r["loss"]) for r in history],  # type: ignore[arg-type]
     )
     row["final_loss"] = final_loss(row["losses"])
+    if breaks is not None:  # the names of _BREAK_KEYS
+        row.update(
+            graphs=breaks.graphs,
+            graph_breaks=breaks.breaks,
+            graph_break_reasons=breaks.reasons,
+            frames_run_eagerly=breaks.skipped_frames,
+            eager_frame_reasons=breaks.skip_reasons,
+            graph_break_sites=breaks.sites,
+        )
     note = _device_note(rung, device)
     if note:
         row["note"] = note
     return row
+
+
+def _train(
+    trainer: Trainer, compiled: bool
+) -> tuple[list[dict[str, float | None]], GraphBreaks | None]:
+    """Train; for a compiled model, count Dynamo's graph breaks while it compiles. Dynamo is
+    reset first, so every compiled rung compiles from scratch whatever ran before it (a cache
+    hit would compile nothing and count no breaks)."""
+    if not compiled:
+        return trainer.train(), None
+    torch._dynamo.reset()
+    with count_graph_breaks() as breaks:
+        history = trainer.train()
+    return history, breaks
+
+
+# What a compiled rung's row holds about its compilation (run_rung), in the order shown.
+_BREAK_KEYS = (
+    "graphs",
+    "graph_breaks",
+    "graph_break_reasons",
+    "frames_run_eagerly",
+    "eager_frame_reasons",
+    "graph_break_sites",
+)
+
+
+def format_graph_breaks(row: dict[str, Any]) -> str:
+    """A compiled rung's graph breaks as the chapter prints them: how many, why, and where."""
+    if "skipped" in row:
+        return f"{row['rung']}: not run ({row['skipped'].split('. ')[0]})."
+    if row.get("graph_breaks") is None:
+        return f"{row['rung']}: not compiled, so no graphs and no graph breaks."
+    lines = [
+        f"{row['rung']}: {row['graph_breaks']} graph break(s) while compiling, "
+        f"{row['graphs']} graph(s), {row['frames_run_eagerly']} frame(s) run eagerly"
+    ]
+    reasons = [("break", row["graph_break_reasons"]), ("eager", row["eager_frame_reasons"])]
+    for kind, counts in reasons:
+        lines += [f"  {n} x {kind}: {why}" for why, n in counts.items()]
+    lines += [f"  {n} x at {site}" for site, n in row["graph_break_sites"].items()]
+    return "\n".join(lines)
 
 
 def _device_note(rung: Rung, device: torch.device) -> str | None:
@@ -246,6 +324,7 @@ def ladder_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "step ms": r["step_time_ms"],
                 "peak mem MiB": None if mem is None else mem / 2**20,
                 "compile s": r.get("compile_s"),
+                "graph breaks": r.get("graph_breaks"),
                 "final loss": r["final_loss"],
                 "vs rung 1": r["final_loss"] - base["final_loss"] if base else None,
                 "note": r.get("note", ""),
@@ -325,4 +404,9 @@ def ladder_meta(preset: RunPreset, rows: Sequence[dict[str, Any]]) -> dict[str, 
         "lr": first.get("lr"),
         "cpu_threads": torch.get_num_threads(),
         "timing": "median Trainer step (AdamW, clipping) after the warm-up steps, real data",
+        "graph_breaks": {
+            r["rung"]: {k: r[k] for k in _BREAK_KEYS}
+            for r in rows
+            if r.get("graph_breaks") is not None
+        },
     }

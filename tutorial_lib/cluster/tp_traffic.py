@@ -16,6 +16,15 @@ bytes, the layer's *network intensity*, is ``72 b s h^2 / t`` over ``8 b s h (t-
 with the *ridge* ``peak FLOP/s / link bytes/s`` of a roofline whose roof is the link instead of
 HBM: above the ridge the GEMMs can hide the communication, below it the link is the bottleneck.
 
+The all-reduce algorithm sets the bytes (``algorithm=``): ``"ring"`` (above, and over
+InfiniBand) or ``"nvls"``, NVLink SHARP: the third-generation NVSwitch adds the GPUs' buffers
+inside the switch (NVIDIA 2022, the NVSwitch technical blog), and NCCL uses it through its NVLS
+algorithms (NCCL 2.17/2.18 release notes). Each GPU then sends its buffer to the switch once and
+receives the sum once: ``S`` bytes each way instead of ``2 S (t - 1) / t``, and the intensity
+becomes ``18 h / (t * bytes)``. That is the algorithmic byte count, the ideal the switch allows;
+NCCL's achieved NVLS bandwidth is a measurement, not this model. Only an NVSwitch domain
+(NVLink inside a DGX/HGX H100) offers it.
+
 All functions are models from datasheet numbers: a measurement would add latency, imperfect
 overlap and the all-reduce algorithm NCCL actually picks.
 """
@@ -31,14 +40,23 @@ from ..hardware import SPECS, DeviceSpec
 __all__ = [
     "Link",
     "LINKS",
+    "ALLREDUCE_ALGORITHMS",
+    "allreduce_factor",
+    "allreduce_bytes",
     "ring_allreduce_bytes",
     "ring_allreduce_time",
     "tp_layer_comm_bytes",
     "tp_layer_flops",
     "tp_network_intensity",
     "link_ridge",
+    "ridge_width",
+    "ridge_degree",
     "tp_layer_times",
 ]
+
+# "ring": reduce-scatter + all-gather over point-to-point links; "nvls": NVLink SHARP, the sum
+# computed in the NVSwitch.
+ALLREDUCE_ALGORITHMS = ("ring", "nvls")
 
 
 @dataclass(frozen=True)
@@ -64,10 +82,32 @@ LINKS: dict[str, Link] = {
 }
 
 
+def _check_algorithm(algorithm: str) -> None:
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {algorithm!r}.")
+
+
+def allreduce_factor(ranks: int, algorithm: str = "ring") -> float:
+    """Bytes each rank sends (and receives) per byte of the buffer it all-reduces.
+
+    ``ring``: 2 (t - 1) / t, a reduce-scatter and an all-gather each moving (t - 1)/t of it.
+    ``nvls``: 1, the buffer goes to the switch once and the sum comes back once.
+    0 for both at t = 1: nothing to reduce."""
+    check_positive_int(ranks, "ranks")
+    _check_algorithm(algorithm)
+    if ranks == 1:
+        return 0.0
+    return 2.0 * (ranks - 1) / ranks if algorithm == "ring" else 1.0
+
+
+def allreduce_bytes(nbytes: float, ranks: int, algorithm: str = "ring") -> float:
+    """Bytes each rank sends (and receives) in an all-reduce of ``nbytes`` over ``ranks``."""
+    return nbytes * allreduce_factor(ranks, algorithm)
+
+
 def ring_allreduce_bytes(nbytes: float, ranks: int) -> float:
     """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``: 2 S (t-1)/t."""
-    check_positive_int(ranks, "ranks")
-    return 2.0 * nbytes * (ranks - 1) / ranks
+    return allreduce_bytes(nbytes, ranks, "ring")
 
 
 def ring_allreduce_time(nbytes: float, ranks: int, bandwidth: float) -> float:
@@ -76,13 +116,19 @@ def ring_allreduce_time(nbytes: float, ranks: int, bandwidth: float) -> float:
 
 
 def tp_layer_comm_bytes(
-    batch: int, seq: int, hidden: int, tp: int, dtype_bytes: int = 2, backward: bool = True
+    batch: int,
+    seq: int,
+    hidden: int,
+    tp: int,
+    dtype_bytes: int = 2,
+    backward: bool = True,
+    algorithm: str = "ring",
 ) -> float:
     """Bytes one TP rank sends per transformer layer: two all-reduces of the (b, s, h)
     activations forward, two more backward (``backward=False``: forward only)."""
     activation = batch * seq * hidden * dtype_bytes
     count = 4 if backward else 2
-    return count * ring_allreduce_bytes(activation, tp)
+    return count * allreduce_bytes(activation, tp, algorithm)
 
 
 def tp_layer_flops(batch: int, seq: int, hidden: int, tp: int, backward: bool = True) -> float:
@@ -91,12 +137,16 @@ def tp_layer_flops(batch: int, seq: int, hidden: int, tp: int, backward: bool = 
     return flops.tp_layer_flops(batch * seq, hidden, tp, backward)
 
 
-def tp_network_intensity(hidden: int, tp: int, dtype_bytes: int = 2) -> float:
-    """FLOPs per network byte of a TP layer (forward + backward): 9 h / ((t - 1) bytes).
-    Infinite at t = 1, where nothing is communicated."""
-    if tp <= 1:
+def tp_network_intensity(
+    hidden: int, tp: int, dtype_bytes: int = 2, algorithm: str = "ring"
+) -> float:
+    """FLOPs per network byte of a TP layer (forward + backward): 72 b s h^2 / t over
+    4 b s h * bytes * factor, i.e. 9 h / ((t - 1) bytes) for a ring and 18 h / (t bytes) with
+    NVLS. Infinite at t = 1, where nothing is communicated."""
+    factor = allreduce_factor(tp, algorithm)
+    if factor == 0.0:
         return float("inf")
-    return 9.0 * hidden / ((tp - 1) * dtype_bytes)
+    return 18.0 * hidden / (tp * factor * dtype_bytes)
 
 
 def link_ridge(spec: DeviceSpec, link: Link, dtype: str = "bf16") -> float:
@@ -105,6 +155,39 @@ def link_ridge(spec: DeviceSpec, link: Link, dtype: str = "bf16") -> float:
     if peak is None:
         raise ValueError(f"{spec.name} has no {dtype} peak in the spec table.")
     return peak / link.bandwidth
+
+
+def ridge_width(
+    spec: DeviceSpec,
+    link: Link,
+    tp: int,
+    dtype: str = "bf16",
+    dtype_bytes: int = 2,
+    algorithm: str = "ring",
+) -> float:
+    """The hidden size at which a TP layer's intensity equals the link's ridge: wider layers
+    are compute-bound. ``ridge * t * factor * bytes / 18``: for a ring in BF16,
+    ``ridge * (t - 1) * 2 / 9``; with NVLS, ``ridge * t / 9``. 0 at t = 1 (no communication)."""
+    factor = allreduce_factor(tp, algorithm)
+    return link_ridge(spec, link, dtype) * tp * factor * dtype_bytes / 18.0
+
+
+def ridge_degree(
+    hidden: int,
+    spec: DeviceSpec,
+    link: Link,
+    dtype: str = "bf16",
+    dtype_bytes: int = 2,
+    algorithm: str = "ring",
+) -> float:
+    """The TP degree (a real number, at least 1) at which a layer of width ``hidden`` reaches
+    the link's ridge: below it the GEMMs outlast the transfers. From the intensity,
+    ``1 + 9 h / (ridge * bytes)`` for a ring, ``18 h / (ridge * bytes)`` with NVLS."""
+    check_positive_int(hidden, "hidden")
+    _check_algorithm(algorithm)
+    x = 18.0 * hidden / (link_ridge(spec, link, dtype) * dtype_bytes)  # t * factor at the ridge
+    t = 1.0 + x / 2.0 if algorithm == "ring" else x  # ring: 2 (t - 1) = x; nvls: t = x
+    return max(1.0, t)
 
 
 def tp_layer_times(
@@ -116,13 +199,15 @@ def tp_layer_times(
     link: Link,
     dtype: str = "bf16",
     dtype_bytes: int = 2,
+    algorithm: str = "ring",
 ) -> dict[str, float]:
     """Per layer and rank, forward + backward, at datasheet speed: ``compute_s`` (GEMMs at peak),
-    ``comm_s`` (the four all-reduces on ``link``) and ``exposed_fraction``, the share of the
-    step the link would add if nothing overlapped (comm / (compute + comm))."""
+    ``comm_s`` (the four all-reduces on ``link``, by ``algorithm``) and ``exposed_fraction``,
+    the share of the step the link would add if nothing overlapped (comm / (compute + comm))."""
     peak = spec.peak(dtype)
     if peak is None:
         raise ValueError(f"{spec.name} has no {dtype} peak in the spec table.")
     compute = tp_layer_flops(batch, seq, hidden, tp) / peak
-    comm = tp_layer_comm_bytes(batch, seq, hidden, tp, dtype_bytes) / link.bandwidth
+    comm = tp_layer_comm_bytes(batch, seq, hidden, tp, dtype_bytes, algorithm=algorithm)
+    comm /= link.bandwidth
     return {"compute_s": compute, "comm_s": comm, "exposed_fraction": comm / (compute + comm)}

@@ -9,6 +9,8 @@ kernels: Triton on a GPU, C++/OpenMP on the CPU. Matmuls and attention stay libr
   steady-state call time, the number of graphs, graph breaks (with their reasons) and generated
   kernels, from torch's own counters (``torch._dynamo.utils.counters`` and
   ``torch._inductor.metrics``);
+- ``count_graph_breaks``: the graphs and graph breaks of whatever compiles inside a ``with``
+  block (a whole training run), with short reasons and the lines of code where Dynamo broke;
 - ``generated_code`` / ``count_kernels``: the code Inductor wrote, and how many kernels it launches;
 - ``count_eager_ops``: how many ATen operators eager PyTorch dispatches for the same work, each one
   a kernel that reads its inputs from and writes its output to memory.
@@ -19,11 +21,15 @@ so a future rename gives ``None`` instead of an exception.
 
 from __future__ import annotations
 
+import contextlib
+import linecache
+import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,8 +40,11 @@ from ..checks import check_positive_int
 
 __all__ = [
     "CompileReport",
+    "GraphBreaks",
     "compile_model",
     "measure_compile",
+    "count_graph_breaks",
+    "short_break_reason",
     "generated_code",
     "count_kernels",
     "kernel_names",
@@ -163,6 +172,127 @@ def measure_compile(
         times.append(time.perf_counter() - t0)
     steady = sorted(times)[len(times) // 2]
     return result, CompileReport(first, steady, graphs, breaks, kernels, reasons)
+
+
+@dataclass
+class GraphBreaks:
+    """What Dynamo compiled while a ``count_graph_breaks()`` block ran.
+
+    graphs: FX graphs captured.
+    breaks: graph breaks. Dynamo counts one each time it stops tracing while it *compiles* a
+        frame, not each time the compiled code hands back to Python at run time: identical
+        layers share one compiled frame, so a break inside a block counts once, not per layer.
+    reasons: ``short_break_reason`` -> count, for those breaks.
+    skipped_frames: frames Dynamo gave up on and ran eagerly (e.g. a graph break inside a loop);
+        ``skip_reasons`` says why.
+    sites: ``"file.py:line  source"`` -> count, each place Dynamo reported a break (the one that
+        made it skip a frame included); empty when its graph-break log is unavailable.
+    """
+
+    graphs: int | None = None
+    breaks: int | None = None
+    reasons: dict[str, int] = field(default_factory=dict)
+    skipped_frames: int | None = None
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+    sites: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        return (
+            f"{self.breaks} graph break(s) in {self.graphs} graph(s), "
+            f"{self.skipped_frames} frame(s) run eagerly"
+        )
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+_NESTED = "*** While handling this graph break, another graph break occurred: ***"
+
+
+def short_break_reason(text: str) -> str:
+    """Dynamo's multi-line reason as one line: the heading and the explanation of each break
+    (nested ones joined by ``" -> "``), without memory addresses, so that runs compare."""
+    parts = []
+    for part in text.split(_NESTED):
+        lines = [line.strip() for line in part.strip().splitlines() if line.strip()]
+        if not lines:
+            continue
+        why = next((ln for ln in lines if ln.startswith("Explanation:")), "")
+        why = why.removeprefix("Explanation:").strip()
+        parts.append(f"{lines[0]}: {why}" if why else lines[0])
+    return _ADDRESS.sub("", " -> ".join(parts))
+
+
+_SITE = re.compile(r"in user code at (.+):(\d+)")
+_BREAK_LOG = "torch._dynamo.symbolic_convert.__graph_breaks"  # torch's artifact logger
+
+
+class _SiteHandler(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.sites: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _SITE.search(record.getMessage())
+        if match:
+            path, line = match.group(1), int(match.group(2))
+            code = linecache.getline(path, line).strip()
+            self.sites[f"{Path(path).name}:{line}  {code}".rstrip()] += 1
+
+
+def _snapshot() -> dict[str, Counter[str]]:
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return {}
+    keys = ("graph_break", "unimplemented", "stats", "frames")
+    return {k: Counter({str(m): int(n) for m, n in counters[k].items()}) for k in keys}
+
+
+def _short_counts(counts: Counter[str]) -> dict[str, int]:
+    out: Counter[str] = Counter()
+    for text, n in counts.items():
+        out[short_break_reason(text)] += n
+    return dict(out.most_common())
+
+
+def _fill(result: GraphBreaks, before: dict[str, Counter[str]], sites: Counter[str]) -> None:
+    after = _snapshot()
+    if not after:  # pragma: no cover - torch without dynamo
+        return
+    delta = {k: after[k] - before[k] for k in after}
+    result.graphs = delta["stats"]["unique_graphs"]
+    result.breaks = sum(delta["graph_break"].values())
+    result.reasons = _short_counts(delta["graph_break"])
+    result.skipped_frames = delta["frames"]["total"] - delta["frames"]["ok"]
+    # An error Dynamo could not turn into a graph break stays in "unimplemented"; a nested one
+    # ("A -> graph break in loop") is counted again on its own ("A"): keep the longer form.
+    skips = _short_counts(delta["unimplemented"])
+    result.skip_reasons = {
+        r: n for r, n in skips.items() if not any(o.startswith(r + " -> ") for o in skips)
+    }
+    result.sites = dict(sites.most_common())
+
+
+@contextlib.contextmanager
+def count_graph_breaks() -> Iterator[GraphBreaks]:
+    """Count what Dynamo compiles inside the block; the yielded ``GraphBreaks`` is filled in
+    when the block exits. Reads the difference of torch's counters (nothing is cleared) and
+    listens to Dynamo's graph-break log for the sites. Code that is already compiled, with
+    guards that still hold, compiles nothing and counts nothing: call ``torch._dynamo.reset()``
+    first to count a model's breaks from scratch."""
+    result = GraphBreaks()
+    before = _snapshot()
+    logger = logging.getLogger(_BREAK_LOG)
+    handler, saved = _SiteHandler(), (logger.level, logger.propagate)
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False  # keep the log out of the notebook; we only read the sites
+    try:
+        yield result
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        _fill(result, before, handler.sites)
 
 
 def generated_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[str]:
