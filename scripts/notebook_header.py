@@ -30,7 +30,8 @@ import importlib.util
 import subprocess
 import sys
 
-PACKAGE = "tutorial_lib @ git+https://github.com/tutorial-lib/hopper-training-book@main"
+REPO = "https://github.com/tutorial-lib/hopper-training-book"
+PACKAGE = f"tutorial_lib @ git+{REPO}@main"
 if importlib.util.find_spec("tutorial_lib") is None:
     print("tutorial_lib not found; installing", PACKAGE)
     pip = [sys.executable, "-m", "pip", "install", "-q", PACKAGE]

@@ -54,3 +54,18 @@ def test_the_book_loads_the_extension() -> None:
     config = (ROOT / "book" / "_config.yml").read_text(encoding="utf-8")
     assert re.search(r"^\s+page_layout: _ext$", config, re.M)
     assert "line-length = 79" in (ROOT / "book" / "chapters" / "ruff.toml").read_text()
+
+
+def test_every_notebook_code_line_fits_79_columns() -> None:
+    """ruff's E501 lets a line ending in a URL through; the book's column does not."""
+    import nbformat
+
+    long = [
+        f"{path.name} cell {i}: {line[:60]}..."
+        for path in sorted((ROOT / "book" / "chapters").glob("*.ipynb"))
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells)
+        if cell.cell_type == "code"
+        for line in cell.source.splitlines()
+        if len(line) > 79
+    ]
+    assert not long, f"{len(long)} code lines over 79 characters: {long[:5]}"
