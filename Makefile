@@ -143,11 +143,12 @@ slides-only: executed-is-current
 	$(VPY) scripts/slides.py build $(STAGE)/chapters $(BUILD)/slides --vendor book/_vendor
 
 # The executed copy must exist and be newer than every source of the book, or the HTML and the
-# slides would silently show an older version.
+# slides would silently show an older version. The slide outlines and template (book/_slides) are
+# read by scripts/slides.py, not by the notebooks: editing them needs no new execution.
 executed-is-current:
 	@test -f $(EXECUTED) || (echo "no executed notebooks in $(STAGE): run 'make book' (or 'make executed')"; exit 1)
 	@stale=$$(find book \( -path book/_build -o -path $(STAGE) -o -path book/_vendor \
-	  -o -name __pycache__ -o -name .ipynb_checkpoints \) -prune -o -type f -newer $(EXECUTED) -print | head -3); \
+	  -o -path book/_slides -o -name __pycache__ -o -name .ipynb_checkpoints \) -prune -o -type f -newer $(EXECUTED) -print | head -3); \
 	  test -z "$$stale" || (echo "book sources changed since the notebooks were executed ($$stale): run 'make book'"; exit 1)
 
 vendor: $(STAMP)

@@ -41,8 +41,8 @@ if importlib.util.find_spec("tutorial_lib") is None:
 # Its first line marks an older copy of the cell, which `apply` updates instead of adding one.
 MARKER = INSTALL_CELL.splitlines()[0]
 
-# A new cell is left out of the slides, and its code folded on the book's HTML pages.
-NEW_CELL_METADATA = {"slideshow": {"slide_type": "skip"}, "tags": ["hide-input"]}
+# A new cell has its code folded on the book's HTML pages.
+NEW_CELL_METADATA = {"tags": ["hide-input"]}
 
 
 def first_code_cell(nb: nbformat.NotebookNode) -> int | None:

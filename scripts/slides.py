@@ -1,31 +1,29 @@
 #!/usr/bin/env python3
-"""Chapter notebooks as reveal.js slide decks, offline.
+"""Workshop slide decks, one per chapter, built offline from outlines and executed notebooks.
 
-Two subcommands:
+``python scripts/slides.py build SRC_DIR OUT_DIR [--vendor book/_vendor] [--outlines DIR]``
+    For every ``NN_*.ipynb`` in SRC_DIR (``make slides`` passes the executed copies, so the
+    figures have their images), read the chapter's outline ``book/_slides/outline/chNN.yml``
+    (``scripts/slide_outline.py`` documents it and the text budget), resolve its handles in the
+    notebook (section headings for the speaker notes, figure names for the images) and write
+    ``OUT_DIR/<notebook>.slides.html`` with the template ``book/_slides/deck.html.j2``: a
+    reveal.js deck whose slides carry a headline and either one figure or a few bullets, and
+    whose ``<aside class="notes">`` carry the chapter's prose. The images go to
+    ``OUT_DIR/figures/``; reveal.js and MathJax are copied from the vendored folder (``make
+    vendor`` fills it from npm) to ``OUT_DIR/_vendor``: nothing loads from a CDN. An
+    ``index.html`` lists the decks. A missing heading or figure, a figure without an image, or a
+    slide over the budget stops the build with a message naming the chapter and the slide.
 
-``python scripts/slides.py tag [--check] NOTEBOOK...``
-    Give every cell a ``slideshow.slide_type`` (the metadata Jupyter's slide view and nbconvert
-    read). Cells that already have one keep it, so an author can hand-tune a deck (``skip`` a
-    cell, turn prose into speaker ``notes``). The defaults: the title cell and every ``##``
-    section start a new slide, ``###`` subsections a vertical sub-slide, a code cell a sub-slide
-    of its own (code and output together), and other cells continue the slide they follow.
-    With ``--check`` nothing is written; the exit status is 1 if some cell lacks a type.
-
-``python scripts/slides.py build SRC_DIR OUT_DIR [--vendor book/_vendor]``
-    Export every ``*.ipynb`` in SRC_DIR (``make slides`` passes the executed copies, so the
-    decks show outputs) to ``OUT_DIR/<name>.slides.html`` with nbconvert's SlidesExporter and
-    the template in ``book/_slides/offline_reveal``, which loads reveal.js, RequireJS, MathJax
-    and the widget renderer from ``OUT_DIR/_vendor`` (copied from the folder ``make vendor``
-    fills from npm): no CDN. MyST syntax that nbconvert's Markdown renderer does not know
-    (roles such as ``{cite}`` and directives such as ``{admonition}``) is turned into plain
-    Markdown on the way, figure captions (cell metadata in the book) are shown under their
-    plots, and the Exercises cell (a MyST ``{include}``) is left out. An ``index.html`` lists
-    the decks.
+``python scripts/slides.py check [NOTEBOOK_DIR]``
+    Check every outline against the notebooks (default ``book/chapters``), without images:
+    what the unit tests run on the committed notebooks, which carry no outputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import functools
 import html
 import re
 import shutil
@@ -33,56 +31,19 @@ import sys
 from pathlib import Path
 
 import nbformat
+from markdown_it import MarkdownIt
+from markupsafe import Markup
+from mdit_py_plugins.dollarmath import dollarmath_plugin
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import slide_outline as so  # noqa: E402 - a sibling script, importable once its folder is on the path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE_DIR = ROOT / "book" / "_slides"
-TEMPLATE_NAME = "offline_reveal"
-# Make the widget renderer work offline (see the files); shared with the HTML book.
-WIDGETS_JS = [
-    ROOT / "book" / "_ext" / "js" / n
-    for n in ("widgets_requirejs_paths.js", "widgets_mathjax2_shim.js")
-]
+TEMPLATE = ROOT / "book" / "_slides" / "deck.html.j2"
+OUTLINES = ROOT / "book" / "_slides" / "outline"
 # Vendored packages a deck loads, relative to the vendor folder.
-VENDORED = ("reveal.js", "requirejs", "mathjax", "html-manager")
-SLIDE_TYPES = ("slide", "subslide", "fragment", "-", "skip", "notes")
-
-
-# --- tagging ---------------------------------------------------------------------------------
-
-
-def default_slide_type(cell: nbformat.NotebookNode, index: int) -> str:
-    """The slide type a cell gets when its author has not chosen one."""
-    if index == 0:
-        return "slide"
-    if cell.cell_type == "code":
-        return "subslide"
-    text = cell.source.lstrip()
-    if text.startswith("## Exercises"):
-        return "skip"  # a MyST {include}: it renders in the book, not in nbconvert
-    if text.startswith("## ") or text.startswith("# "):
-        return "slide"
-    if text.startswith("### "):
-        return "subslide"
-    return "-"
-
-
-def missing_types(nb: nbformat.NotebookNode) -> list[int]:
-    """Indices of the cells without a valid slide type."""
-    return [
-        i
-        for i, cell in enumerate(nb.cells)
-        if cell.metadata.get("slideshow", {}).get("slide_type") not in SLIDE_TYPES
-    ]
-
-
-def tag(nb: nbformat.NotebookNode) -> int:
-    """Fill in missing slide types in place; returns how many cells were tagged."""
-    missing = missing_types(nb)
-    for i in missing:
-        nb.cells[i].metadata.setdefault("slideshow", {})["slide_type"] = default_slide_type(
-            nb.cells[i], i
-        )
-    return len(missing)
+VENDORED = ("reveal.js", "mathjax")
 
 
 # --- MyST to plain Markdown ------------------------------------------------------------------
@@ -92,6 +53,8 @@ _FENCE = re.compile(r"^(```+|:::+)\{(\w[\w-]*)\}[ \t]*(.*)$")
 _TARGET = re.compile(r"<([^<>]+)>\s*$")
 # A link to another chapter's notebook works in the book and in Jupyter, not next to a deck.
 _NOTEBOOK_LINK = re.compile(r"\[([^\]]+)\]\((?![a-z]+:)[^)\s]*\.ipynb(?:#[^)]*)?\)")
+_ANY_FENCE = re.compile(r"^\s*(`{3,}|~{3,}|:{3,})(.*)$")
+_LEFT_OUT = ("include", "literalinclude", "bibliography", "glossary", "toctree", "tableofcontents")
 
 
 def _role_text(role: str, content: str) -> str:
@@ -101,7 +64,7 @@ def _role_text(role: str, content: str) -> str:
         return f"[{', '.join(k.strip() for k in content.split(','))}]"
     if role in ("numref", "ref", "doc", "term", "eq"):
         if role == "numref" and not target:
-            return "(see the book)"
+            return "the figure" if content.strip().startswith("fig-") else "(see the book)"
         if role == "doc" and not target:
             return f"*{Path(content).name.replace('_', ' ')}*"
         return label or content
@@ -109,7 +72,7 @@ def _role_text(role: str, content: str) -> str:
 
 
 def myst_to_markdown(text: str) -> str:
-    """Rewrite the MyST parts of a Markdown cell into Markdown that nbconvert renders."""
+    """Rewrite the MyST parts of a Markdown cell into plain Markdown."""
     out: list[str] = []
     lines = text.splitlines()
     i = 0
@@ -132,7 +95,7 @@ def myst_to_markdown(text: str) -> str:
             out += [f"```{argument or 'python'}", *body, "```"]
         elif name in ("math",):
             out += ["$$", *body, "$$"]
-        elif name in ("include", "bibliography", "glossary", "toctree", "tableofcontents"):
+        elif name in _LEFT_OUT:
             continue
         else:  # admonitions, notes, tips, figures ...
             title = argument.strip() or name.capitalize()
@@ -148,47 +111,128 @@ def myst_to_markdown(text: str) -> str:
     return "\n".join(out)
 
 
+def drop_code(text: str) -> str:
+    """Leave fenced code blocks out, also inside directives (whose fences stay): speaker notes
+    are the prose, the code is in the notebook."""
+    out: list[str] = []
+    stack: list[tuple[str, bool]] = []  # the open fences, innermost last: (marker, is code)
+    for line in text.splitlines():
+        match = _ANY_FENCE.match(line)
+        in_code = any(code for _, code in stack)
+        if match:
+            marker, info = match.group(1), match.group(2).strip()
+            if stack and marker.startswith(stack[-1][0]) and not info:  # closes the innermost
+                code = stack.pop()[1]
+                if not code and not in_code:
+                    out.append(line)
+                continue
+            if not in_code:  # a fence inside code is code
+                code = not info.startswith("{") and not marker.startswith(":")
+                stack.append((marker, code))
+                if not code:
+                    out.append(line)
+                continue
+        if not in_code:
+            out.append(line)
+    return "\n".join(out)
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+@functools.cache
+def _markdown() -> MarkdownIt:
+    def math(content: str, options: dict) -> str:  # left as $-TeX, for MathJax or the speaker
+        delimiter = "$$" if options.get("display_mode") else "$"
+        return f"{delimiter}{html.escape(content)}{delimiter}"
+
+    return (
+        MarkdownIt("commonmark")
+        .enable("table")
+        .use(dollarmath_plugin, double_inline=True, renderer=math)
+    )
+
+
+def inline_html(text: str) -> Markup:
+    """A headline, bullet or caption: inline Markdown and $-math."""
+    return Markup(_markdown().renderInline(myst_to_markdown(text)))
+
+
+def notes_html(markdown: str) -> Markup:
+    # Twice: code inside directives first, then the fences that MyST's code directives become.
+    return Markup(_markdown().render(drop_code(myst_to_markdown(drop_code(markdown)))))
+
+
+def deck_slides(outline: so.Outline, handles: so.Handles, figure_dir: str) -> list[dict]:
+    """The template's view of each slide, title first (``figure_dir``: the images' URL prefix)."""
+    assert handles.title is not None, "check_handles first"
+    slides = [
+        {
+            "title": True,
+            "headline": inline_html(handles.title.lstrip("# ")),
+            "subtitle": inline_html(outline.subtitle) if outline.subtitle else None,
+            "source": f"Chapter notebook: {outline.notebook}.ipynb",
+            "notes": notes_html("\n\n".join(handles.prose[handles.title])),
+        }
+    ]
+    for slide in outline.slides:
+        slides.append(
+            {
+                "headline": inline_html(slide.headline),
+                "bullets": [inline_html(b) for b in slide.bullets],
+                "figure": slide.figure,
+                "image": f"{figure_dir}/{slide.figure}.png" if slide.figure else None,
+                "caption": inline_html(slide.caption) if slide.caption else None,
+                "notes": notes_html(so.notes_markdown(slide, handles)),
+            }
+        )
+    return slides
+
+
+def render_deck(slides: list[dict], title: str) -> str:
+    """The deck's HTML (the slides' rendered Markdown is Markup; everything else is escaped)."""
+    import jinja2
+
+    env = jinja2.Environment(autoescape=True, keep_trailing_newline=True)
+    template = env.from_string(TEMPLATE.read_text(encoding="utf-8"))
+    return template.render(slides=slides, title_text=title)
+
+
 # --- export ----------------------------------------------------------------------------------
 
 
-def export_deck(nb_path: Path, out_dir: Path) -> Path:
-    """Write ``out_dir/<stem>.slides.html`` for one notebook; returns its path."""
-    from nbconvert import SlidesExporter
-    from traitlets.config import Config
-
-    nb = nbformat.read(nb_path, as_version=4)
-    tag(nb)  # an untagged cell would otherwise vanish from the deck
-    cells = []
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            cell.source = myst_to_markdown(cell.source)
-        cells.append(cell)
-        caption = cell.metadata.get("mystnb", {}).get("figure", {}).get("caption")
-        if cell.cell_type == "code" and caption:  # the book's figure caption, under the plot
-            note = nbformat.v4.new_markdown_cell(f"*{myst_to_markdown(caption.strip())}*")
-            note.metadata["slideshow"] = {"slide_type": "-"}
-            cells.append(note)
-    nb.cells = cells
-    c = Config()
-    c.TemplateExporter.extra_template_basedirs = [str(TEMPLATE_DIR)]
-    c.SlidesExporter.template_name = TEMPLATE_NAME
-    c.SlidesExporter.reveal_url_prefix = "_vendor/reveal.js"
-    c.SlidesExporter.reveal_theme = "white"
-    c.SlidesExporter.reveal_number = "c/t"
-    c.SlidesExporter.reveal_width = "1280"
-    c.SlidesExporter.reveal_height = "800"
-    c.SlidesExporter.require_js_url = "_vendor/requirejs/require.js"
-    c.SlidesExporter.mathjax_url = "_vendor/mathjax/es5/tex-chtml.js"
-    c.SlidesExporter.widget_renderer_url = "_vendor/html-manager/dist/embed-amd.js"
-    c.SlidesExporter.font_awesome_url = ""
-    resources = {
-        "metadata": {"name": nb_path.stem},
-        "widgets_offline_js": "\n".join(p.read_text(encoding="utf-8") for p in WIDGETS_JS),
-    }
-    body, _ = SlidesExporter(config=c).from_notebook_node(nb, resources=resources)
+def export_deck(nb_path: Path, out_dir: Path, outlines: Path = OUTLINES) -> Path:
+    """Write ``out_dir/<stem>.slides.html`` and its figures; raises OutlineError."""
+    outline = so.load_outline(so.outline_path(outlines, nb_path.stem))
+    if outline.notebook != nb_path.stem:
+        raise so.OutlineError(f"{outline.path} is for {outline.notebook}, not {nb_path.stem}")
+    handles = so.index_notebook(nbformat.read(nb_path, as_version=4))
+    so.check_handles(outline, handles, images=True)
+    figure_dir = f"figures/{nb_path.stem}"
+    shutil.rmtree(out_dir / figure_dir, ignore_errors=True)  # no stale images
+    (out_dir / figure_dir).mkdir(parents=True)
+    for slide in outline.slides:
+        if slide.figure:
+            png = base64.b64decode(so.image_png(handles.figures[slide.figure]) or "")
+            (out_dir / figure_dir / f"{slide.figure}.png").write_bytes(png)
+    slides = deck_slides(outline, handles, figure_dir)
     target = out_dir / f"{nb_path.stem}.slides.html"
-    target.write_text(body, encoding="utf-8")
+    target.write_text(render_deck(slides, str(handles.title).lstrip("# ")), encoding="utf-8")
     return target
+
+
+def check_outlines(notebook_dir: Path, outlines: Path = OUTLINES) -> list[so.Outline]:
+    """Load every chapter's outline and resolve it against the notebooks (no images needed)."""
+    checked = []
+    for nb_path in sorted(notebook_dir.glob("[0-9][0-9]_*.ipynb")):
+        path = so.outline_path(outlines, nb_path.stem)
+        if not path.is_file():
+            raise so.OutlineError(f"no slide outline for {nb_path.name}: write {path}")
+        outline = so.load_outline(path)
+        handles = so.index_notebook(nbformat.read(nb_path, as_version=4))
+        so.check_handles(outline, handles, images=False)
+        checked.append(outline)
+    return checked
 
 
 def copy_vendor(vendor: Path, out_dir: Path) -> None:
@@ -214,8 +258,9 @@ def write_index(decks: list[Path], out_dir: Path) -> Path:
     index.write_text(
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         "<title>Slides: Fast Transformer Training on Hopper</title></head>\n"
-        "<body><h1>Slides</h1>\n<p>One reveal.js deck per chapter. Arrow keys move between "
-        "slides, <kbd>s</kbd> opens the speaker view.</p>\n"
+        "<body><h1>Slides</h1>\n<p>One reveal.js workshop deck per chapter. Arrow keys move "
+        "between slides, <kbd>s</kbd> opens the speaker view with the chapter's prose as "
+        "notes.</p>\n"
         f"<ul>\n{items}\n</ul></body></html>\n",
         encoding="utf-8",
     )
@@ -225,35 +270,29 @@ def write_index(decks: list[Path], out_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p_tag = sub.add_parser("tag", help="give every cell a slide type")
-    p_tag.add_argument("notebooks", nargs="+", type=Path)
-    p_tag.add_argument("--check", action="store_true", help="write nothing; fail if untagged")
-    p_build = sub.add_parser("build", help="export the decks")
+    p_build = sub.add_parser("build", help="write the decks")
     p_build.add_argument("src", type=Path)
     p_build.add_argument("out", type=Path)
     p_build.add_argument("--vendor", type=Path, default=ROOT / "book" / "_vendor")
+    p_build.add_argument("--outlines", type=Path, default=OUTLINES)
+    p_check = sub.add_parser("check", help="resolve every outline against the notebooks")
+    p_check.add_argument("src", type=Path, nargs="?", default=ROOT / "book" / "chapters")
+    p_check.add_argument("--outlines", type=Path, default=OUTLINES)
     args = parser.parse_args(argv)
 
-    if args.command == "tag":
-        untagged = 0
-        for path in args.notebooks:
-            nb = nbformat.read(path, as_version=4)
-            if args.check:
-                missing = missing_types(nb)
-                if missing:
-                    print(f"{path}: cells {missing} have no slide type (run scripts/slides.py tag)")
-                untagged += len(missing)
-            elif tag(nb):
-                nbformat.write(nb, path)
-                print(f"tagged {path}")
-        return 1 if untagged else 0
-
-    notebooks = sorted(args.src.glob("*.ipynb"))
-    if not notebooks:
-        raise SystemExit(f"slides: no notebooks in {args.src}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    copy_vendor(args.vendor, args.out)
-    decks = [export_deck(path, args.out) for path in notebooks]
+    try:
+        if args.command == "check":
+            checked = check_outlines(args.src, args.outlines)
+            print(f"slides: {len(checked)} outlines resolve against {args.src}")
+            return 0
+        notebooks = sorted(args.src.glob("[0-9][0-9]_*.ipynb"))
+        if not notebooks:
+            raise SystemExit(f"slides: no chapter notebooks in {args.src}")
+        args.out.mkdir(parents=True, exist_ok=True)
+        decks = [export_deck(path, args.out, args.outlines) for path in notebooks]
+        copy_vendor(args.vendor, args.out)
+    except so.OutlineError as exc:
+        raise SystemExit(f"slides: {exc}") from None
     index = write_index(decks, args.out)
     print(f"slides: {len(decks)} decks in {args.out} (open {index})")
     return 0

@@ -97,7 +97,7 @@ PACKAGES: tuple[Package, ...] = (
             "dist/libembed-amd.js",
         ),
     ),
-    # For `make slides` (nbconvert's reveal.js template, see scripts/slides.py).
+    # For `make slides` (the deck template book/_slides/deck.html.j2, see scripts/slides.py).
     Package(
         name="reveal.js",
         version="4.6.0",

@@ -128,7 +128,7 @@ def test_bibliography_entries(config: dict[str, Any]) -> None:
 
 def test_local_extensions_are_configured(config: dict[str, Any]) -> None:
     extensions = config["sphinx"]["local_extensions"]
-    assert extensions == {"chapter_numbers": "_ext", "offline_pages": "_ext"}
+    assert extensions == {"chapter_numbers": "_ext", "offline_pages": "_ext", "page_layout": "_ext"}
     for name in extensions:
         assert (BOOK / "_ext" / f"{name}.py").is_file()
     # Without a default the theme logs "Got invalid theme mode" on a reader's first visit.

@@ -10,6 +10,7 @@ from types import ModuleType, SimpleNamespace
 
 import nbformat
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,6 +95,7 @@ def test_myst_roles_become_plain_markdown():
     assert "Back to chapter 3, see [TE](https://x.ipynb)." in out
     assert "[micikevicius2022fp8]" in out
     assert "chapter 2" in out and "MFU" in out and "the ridge" in out
+    assert "and the figure," in out, "a figure's number means nothing next to a slide"
 
 
 def test_myst_directives_become_quotes_and_includes_vanish():
@@ -119,50 +121,191 @@ def test_myst_directives_become_quotes_and_includes_vanish():
     ]
 
 
-def test_tagging_fills_missing_types_and_keeps_chosen_ones():
+# A tiny executed chapter and an outline of it, for the build tests.
+PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+
+
+def tiny_chapter(folder: Path, *, image: bool = True) -> Path:
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_markdown_cell("# 4. FP8"),
-        nbformat.v4.new_markdown_cell("Some prose."),
-        nbformat.v4.new_code_cell("x = 1"),
-        nbformat.v4.new_markdown_cell("## 4.1 Formats"),
-        nbformat.v4.new_markdown_cell("### A detail"),
-        nbformat.v4.new_markdown_cell("Chosen by hand."),
-        nbformat.v4.new_markdown_cell("## Exercises\n\n```{include} ../exercises/ch04.md\n```"),
+        nbformat.v4.new_markdown_cell("# 9. A chapter\n\nWhat you learn, with $x^2$."),
+        nbformat.v4.new_code_cell("import tutorial_lib"),
+        nbformat.v4.new_markdown_cell(
+            "## 9.1 First\n\nProse one, see {cite}`arfeen2025ntp` and {numref}`fig-x`.\n\n"
+            "```python\n# not a heading\nsecret_code = 1\n```\n\n"
+            "```{admonition} Takeaway\n:class: tip\nBoxed $y$.\n```\n\n"
+            ":::{dropdown} A worked solution\n```python\nsolution_code = 2\n```\n:::"
+        ),
+        nbformat.v4.new_code_cell("plot()"),
+        nbformat.v4.new_markdown_cell("More prose of 9.1.\n\n### A detail\n\nDetail prose."),
+        nbformat.v4.new_markdown_cell("## Exercises\n\n```{include} ../exercises/ch09.md\n```"),
     ]
-    nb.cells[5].metadata["slideshow"] = {"slide_type": "notes"}
-    assert slides.missing_types(nb) == [0, 1, 2, 3, 4, 6]
-    assert slides.tag(nb) == 6
-    types = [c.metadata["slideshow"]["slide_type"] for c in nb.cells]
-    assert types == ["slide", "-", "subslide", "slide", "subslide", "notes", "skip"]
-    assert slides.missing_types(nb) == [] and slides.tag(nb) == 0
+    nb.cells[3].metadata["mystnb"] = {"figure": {"caption": "A $y$ caption.", "name": "fig-x"}}
+    if image:
+        nb.cells[3].outputs = [
+            nbformat.v4.new_output("display_data", data={"image/png": PNG_1PX, "text/plain": "F"})
+        ]
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / "09_x.ipynb")
+    return folder / "09_x.ipynb"
 
 
-def test_every_chapter_is_tagged_for_slides():
-    for path in sorted((ROOT / "book" / "chapters").glob("*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
-        assert slides.missing_types(nb) == [], f"{path.name}: run scripts/slides.py tag"
-        assert nb.cells[0].metadata["slideshow"]["slide_type"] == "slide"
+def tiny_outline(folder: Path, slides_: list[dict] | None = None, **extra) -> Path:
+    if slides_ is None:
+        slides_ = [
+            {"headline": "The first idea", "bullets": ["One $a^2$", "Two `code`"]},
+            {"headline": "The plot", "figure": "fig-x", "caption": "Notice *this*"},
+        ] + [{"headline": f"Point {i}", "bullets": ["A bullet"]} for i in range(8)]
+        for s in slides_:
+            if "figure" not in s:
+                s["notes"] = "## 9.1 First"
+        slides_[-1]["notes"] = ["## 9.1 First", "### A detail"]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "ch09.yml"
+    path.write_text(yaml.safe_dump({"notebook": "09_x", "slides": slides_, **extra}))
+    return path
 
 
-def test_a_deck_loads_nothing_from_outside(tmp_path):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_markdown_cell("# 9. A chapter\n\nMath: $x^2$ and {cite}`arfeen2025ntp`."),
-        nbformat.v4.new_code_cell("print(1)"),
-    ]
-    nb.cells[1].metadata["mystnb"] = {"figure": {"caption": "A $y$ caption.", "name": "fig-x"}}
-    src = tmp_path / "src"
-    src.mkdir()
-    nbformat.write(nb, src / "09_x.ipynb")
-    deck = slides.export_deck(src / "09_x.ipynb", tmp_path)
+def test_an_outline_loads_with_its_defaults(tmp_path):
+    outline = slides.so.load_outline(tiny_outline(tmp_path, subtitle="Sub"))
+    assert outline.notebook == "09_x" and outline.subtitle == "Sub" and len(outline.slides) == 10
+    first, plot = outline.slides[:2]
+    assert first.bullets == ("One $a^2$", "Two `code`") and first.notes == ("## 9.1 First",)
+    assert plot.figure == "fig-x" and plot.caption == "Notice *this*" and plot.notes == ()
+    assert slides.so.count_words("Ratio $9h/((t-1)$ of *FP8* `code`") == 5
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"bullets": ["b"] * 5}, "5 bullets, at most 4"),
+        ({"bullets": ["word " * 17]}, "more than 16 words"),
+        ({"bullets": ["w " * 13] * 4, "headline": "ten " * 10}, "62 visible words, at most 60"),
+        ({"headline": "word " * 13}, "headline has more than 12"),
+        ({"figure": "fig-x"}, "one figure or bullets, not both"),
+        ({"notes": []}, "no speaker notes"),
+        ({"colour": "red"}, "unknown keys"),
+    ],
+)
+def test_the_build_refuses_a_slide_over_the_budget(tmp_path, change, message):
+    path = tiny_outline(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["slides"][2].update(change)
+    path.write_text(yaml.safe_dump(data))
+    tiny_chapter(tmp_path / "src")
+    with pytest.raises(SystemExit, match=rf"chapter 9 \(ch09.yml\), slide 4 .*{message}"):
+        slides.main(
+            [
+                "build",
+                str(tmp_path / "src"),
+                str(tmp_path / "out"),
+                "--outlines",
+                str(tmp_path),
+                "--vendor",
+                str(tmp_path / "no-vendor-needed"),
+            ]
+        )
+
+
+@pytest.mark.parametrize("count", [8, 25])
+def test_a_deck_has_10_to_25_slides(tmp_path, count):
+    path = tiny_outline(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["slides"] = (data["slides"] * 3)[:count]
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(slides.so.OutlineError, match=rf"chapter 9 .*{count + 1} slides"):
+        slides.so.load_outline(path)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"notes": "## 9.1 Frist"}, "no heading '## 9.1 Frist' .*did you mean '## 9.1 First'"),
+        ({"notes": "# not a heading"}, "no heading '# not a heading'"),
+        ({"bullets": [], "figure": "fig-y"}, "no figure 'fig-y' .*did you mean 'fig-x'"),
+    ],
+)
+def test_a_missing_handle_names_chapter_slide_and_handle(tmp_path, change, message):
+    path = tiny_outline(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["slides"][0].update(change)
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(slides.so.OutlineError, match=rf"chapter 9 .*slide 2 .*{message}"):
+        slides.check_outlines(tiny_chapter(tmp_path / "src").parent, tmp_path)
+
+
+def test_a_figure_without_its_image_stops_the_build(tmp_path):
+    src = tiny_chapter(tmp_path / "src", image=False)
+    tiny_outline(tmp_path)
+    slides.check_outlines(src.parent, tmp_path)  # the committed notebooks have no outputs: fine
+    with pytest.raises(slides.so.OutlineError, match="slide 3 .*'fig-x' has no image output"):
+        slides.export_deck(src, tmp_path / "out", tmp_path)
+
+
+def test_a_deck_has_notes_on_every_slide_and_loads_nothing_from_outside(tmp_path):
+    tiny_outline(tmp_path, subtitle="A $z$ subtitle")
+    deck = slides.export_deck(tiny_chapter(tmp_path / "src"), tmp_path / "out", tmp_path)
     page = deck.read_text()
+    sections = re.findall(r"<section.*?</section>", page, re.S)
+    assert len(sections) == 11, "the title slide and the outline's ten"
+    notes = [re.search(r'<aside class="notes[^"]*">(.*?)</aside>', s, re.S) for s in sections]
+    assert all(n and n.group(1).strip() for n in notes), "every slide has speaker notes"
+    assert "<h1>9. A chapter</h1>" in sections[0] and "What you learn" in notes[0].group(1)
+    assert '<li>One <span class="math inline">$a^2$</span></li>' in sections[1]
+    first = notes[1].group(1)
+    assert "Prose one" in first and "[arfeen2025ntp]" in first and "the figure" in first
+    assert "More prose of 9.1." in first and "Detail prose" not in first, "up to the next heading"
+    assert "secret_code" not in first and "Boxed" in first, "code left out, takeaways kept"
+    assert "solution_code" not in first and "A worked solution" in first
+    figure_notes = re.sub(r"<[^>]+>", "", notes[2].group(1)).strip()
+    assert figure_notes == "Figure. A $y$ caption.", "the book's caption opens the figure's notes"
+    assert "Detail prose" in notes[-1].group(1)
+    assert "{" not in re.sub(r"\$[^$]*\$", "", page.split("<body>")[1].split("<script")[0])
     loaded = re.findall(r'<(?:script|link|img)[^>]*?(?:src|href)="([^"]+)"', page)
-    assert loaded, "the deck loads its scripts from files"
-    assert all(url.startswith("_vendor/") for url in loaded), loaded
-    assert "[arfeen2025ntp]" in page
-    assert "A $y$ caption." in page, "the figure caption appears under its plot"
-    assert "MathJax.Hub" in page  # the widget renderer's MathJax 2 call is bridged
+    assert loaded and all(u.startswith(("_vendor/", "figures/", "data:")) for u in loaded), loaded
+    image = tmp_path / "out" / "figures" / "09_x" / "fig-x.png"
+    assert image.read_bytes().startswith(b"\x89PNG") and 'src="figures/09_x/fig-x.png"' in page
+
+
+def test_headings_in_code_are_not_handles():
+    cells = [
+        nbformat.v4.new_markdown_cell("# 1. T\n\nIntro"),
+        nbformat.v4.new_markdown_cell(
+            "````{admonition} X\n```python\n# comment\n```\n## inside\n````"
+        ),
+        nbformat.v4.new_markdown_cell("## 1.1 Real  \nText"),
+    ]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    handles = slides.so.index_notebook(nb)
+    assert handles.title == "# 1. T" and list(handles.prose) == ["# 1. T", "## 1.1 Real"]
+
+
+def numbered_sections(headings: list[str]) -> set[str]:
+    """The numbered ``## N.M`` sections and the ``###`` subsections under them (unnumbered
+    sections, such as the summary, the exercises or a recorded-results note, are optional)."""
+    found, numbered = set(), False
+    for heading in headings:
+        if heading.startswith("## "):
+            numbered = re.match(r"## \d+\.\d+ ", heading) is not None
+        if numbered and heading.startswith(("## ", "### ")):
+            found.add(heading)
+    return found
+
+
+def test_every_outline_resolves_and_covers_its_chapter():
+    """Every committed chapter has an outline whose headings and figures exist in the notebook
+    (figures as cells: the committed notebooks have no outputs), and the prose of every numbered
+    section is in some slide's notes, so the decks cannot drift from the notebooks."""
+    chapters = sorted((ROOT / "book" / "chapters").glob("[0-9][0-9]_*.ipynb"))
+    outlines = slides.check_outlines(ROOT / "book" / "chapters")
+    assert [o.notebook for o in outlines] == [p.stem for p in chapters]
+    for outline, path in zip(outlines, chapters, strict=True):
+        handles = slides.so.index_notebook(nbformat.read(path, as_version=4))
+        used = {slides.so.normalise(h) for s in outline.slides for h in s.notes}
+        sections = numbered_sections(list(handles.prose))
+        assert len(sections) >= 5, f"{outline.chapter}: sections not found"
+        assert sections <= used, f"{outline.chapter}: no slide's notes cover {sections - used}"
+        assert any(s.figure for s in outline.slides), f"{outline.chapter}: no figure"
 
 
 # --- Sphinx extensions ------------------------------------------------------------------------

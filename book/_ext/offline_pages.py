@@ -11,7 +11,7 @@ from every page. The Colab and Binder launch buttons are plain links and stay.
 at a page-relative path and typesets math with MathJax 2's API (the book loads MathJax 3).
 ``js/widgets_requirejs_paths.js`` points it at the vendored copy (before RequireJS loads), and
 ``js/widgets_mathjax2_shim.js`` bridges the one MathJax call (after Sphinx's MathJax
-configuration). scripts/slides.py puts the same two scripts into the slide decks.
+configuration).
 """
 
 from __future__ import annotations

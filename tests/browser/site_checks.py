@@ -108,6 +108,49 @@ _FACTS_JS = """
 
 MATHJAX_DONE_JS = "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) || null"
 
+# A workshop deck's text budget, as the audience sees it (speaker notes excluded). The same
+# numbers are enforced when the deck is built (scripts/slide_outline.py), from the outline.
+SLIDES_PER_DECK = (10, 25)
+MAX_SLIDE_WORDS = 60
+MAX_SLIDE_BULLETS = 4
+
+# Evaluated in a deck once reveal.js and MathJax are ready: visits every slide and measures it.
+# Words are counted on the visible text with each typeset formula as one word; a slide's
+# height is measured while it is the present one (reveal.js hides the others).
+SLIDE_FACTS_JS = r"""
+() => {
+  const slides = [...document.querySelectorAll(".reveal .slides > section")];
+  const height = Reveal.getConfig().height;
+  Reveal.configure({transition: "none"});  // measure and screenshot without animations
+  const facts = slides.map((section, i) => {
+    Reveal.slide(i);
+    const clone = section.cloneNode(true);
+    clone.querySelectorAll("aside.notes").forEach(e => e.remove());
+    clone.querySelectorAll("mjx-container").forEach(e => e.replaceWith(" M "));
+    const visible = [...section.children].filter(e => !e.matches("aside.notes"));
+    const imgs = [...section.querySelectorAll("img")];
+    return {
+      headline: (section.querySelector("h1, h2")?.textContent ?? "").trim(),
+      words: clone.textContent.split(/\s+/).filter(w => w).length,
+      text: clone.textContent,
+      bullets: visible.map(e => e.querySelectorAll("li").length).reduce((a, b) => a + b, 0),
+      figure: section.dataset.figure ?? null,
+      images: imgs.map(img => ({src: img.getAttribute("src"),
+                                ok: img.complete && img.naturalWidth > 0,
+                                height: img.getBoundingClientRect().height})),
+      notes: (section.querySelector("aside.notes")?.textContent ?? "").trim().length,
+      height: section.scrollHeight,
+      overflow: section.scrollHeight > height,
+      math: section.querySelectorAll(":scope > :not(aside) .math").length,
+      mathRendered: [...section.querySelectorAll(":scope > :not(aside) .math")].filter(
+        m => m.querySelector("mjx-container")).length,
+    };
+  });
+  Reveal.slide(0);
+  return facts;
+}
+"""
+
 
 def watch(page, report: PageReport) -> None:
     """Record ``page``'s console errors, failed loads and HTTP errors into ``report``, and block

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from urllib.parse import unquote, urljoin, urlparse
 
-import nbformat
 import pytest
 from site_checks import (
     CHAPTER_NOTEBOOKS,
     MATHJAX_DONE_JS,
+    MAX_SLIDE_BULLETS,
+    MAX_SLIDE_WORDS,
     RAW_TEX,
     SITE,
+    SLIDE_FACTS_JS,
     SLIDES,
+    SLIDES_PER_DECK,
     PageReport,
     chapter_number,
     settle,
@@ -146,7 +149,10 @@ def slides_url(serve):
 
 @pytest.mark.parametrize("name", CHAPTER_NOTEBOOKS)
 def test_slide_deck(name, browser, slides_url, screenshots):
-    """`make slides` decks open offline, start reveal.js, and render their math."""
+    """A `make slides` workshop deck opens offline, starts reveal.js, and keeps to its budget:
+    10 to 25 slides, each with a headline, at most 60 visible words and 4 bullets (speaker
+    notes excluded), nothing taller than the slide, speaker notes, its figure's image loaded and
+    its math typeset."""
     deck = SLIDES / f"{name}.slides.html"
     assert deck.is_file(), f"no slide deck {deck}: run `make slides`"
     report = PageReport(f"{slides_url}{deck.name}")
@@ -156,38 +162,67 @@ def test_slide_deck(name, browser, slides_url, screenshots):
         page.goto(report.url, wait_until="load")
         page.wait_for_function("window.slidesReady === true", timeout=20_000)
         page.evaluate(MATHJAX_DONE_JS)
+        page.wait_for_load_state("networkidle")
         total = page.evaluate("Reveal.getTotalSlides()")
-        title = page.evaluate(
-            "document.querySelector('.reveal .slides section h1')?.innerText ?? ''"
-        )
-        raw_tex = page.evaluate(
-            "document.querySelector('.reveal .slides').innerText.includes('$$')"
-        )
-        math = page.evaluate(
-            "[document.querySelectorAll('mjx-container').length,"
-            " document.querySelectorAll('mjx-merror').length]"
-        )
+        slides = page.evaluate(SLIDE_FACTS_JS)
+        math_errors = page.evaluate("document.querySelectorAll('mjx-merror').length")
         page.screenshot(path=str(screenshots / f"slides__{name}.png"))
+        first_figure = next((i for i, s in enumerate(slides) if s["figure"]), None)
+        if first_figure is not None:
+            page.evaluate(f"Reveal.slide({first_figure})")
+            page.screenshot(path=str(screenshots / f"slides__{name}__figure.png"))
     finally:
         page.close()
     settle(report)
     assert not report.console_errors, f"{name}: console errors {report.console_errors}"
     assert not report.external_requests, f"{name}: loads from outside: {report.external_requests}"
     assert not report.failed_requests, f"{name}: failed to load {report.failed_requests}"
-    assert total >= 5, f"{name}: only {total} slides"
+    low, high = SLIDES_PER_DECK
+    assert low <= total <= high and total == len(slides), f"{name}: {total} slides"
+    title = slides[0]["headline"]
     assert title.split(".")[0].strip() == str(int(name[:2])), f"{name}: first slide title {title!r}"
-    assert not raw_tex, f"{name}: raw $$ math in the slides"
-    assert math[1] == 0, f"{name}: {math[1]} MathJax errors"
-    if _has_math(name):
-        assert math[0] > 0, f"{name}: the chapter has math, the deck shows none typeset"
+    assert math_errors == 0, f"{name}: {math_errors} MathJax errors"
+    for number, slide in enumerate(slides, start=1):
+        where = f"{name}, slide {number} ({slide['headline']!r})"
+        assert slide["headline"], f"{where}: no headline"
+        assert slide["words"] <= MAX_SLIDE_WORDS, f"{where}: {slide['words']} visible words"
+        assert slide["bullets"] <= MAX_SLIDE_BULLETS, f"{where}: {slide['bullets']} bullets"
+        assert not slide["overflow"], f"{where}: taller than the slide"
+        assert slide["notes"] > 0, f"{where}: no speaker notes"
+        assert slide["mathRendered"] == slide["math"], f"{where}: math not typeset"
+        raw = RAW_TEX.search(slide["text"])
+        assert raw is None, f"{where}: raw TeX {raw.group(0)!r} on the slide"
+        broken = [img["src"] for img in slide["images"] if not img["ok"]]
+        assert not broken, f"{where}: images that did not load: {broken}"
+        if slide["figure"]:
+            assert len(slide["images"]) == 1, f"{where}: a figure slide shows one image"
+            assert slide["images"][0]["height"] > 200, f"{where}: the figure is tiny"
+    figures = [s for s in slides if s["figure"]]
+    assert figures, f"{name}: a deck without a single figure"
 
 
-def _has_math(name: str) -> bool:
-    """Whether the cells a deck shows (not the skipped ones) contain $-math."""
-    nb = nbformat.read(SITE.parents[1] / "chapters" / f"{name}.ipynb", as_version=4)
-    return any(
-        "$" in cell.source
-        for cell in nb.cells
-        if cell.cell_type == "markdown"
-        and cell.metadata.get("slideshow", {}).get("slide_type") != "skip"
-    )
+def test_speaker_view_shows_the_notes(browser, slides_url):
+    """Pressing `s` opens reveal.js's speaker view, whose notes are the chapter's prose."""
+    name = CHAPTER_NOTEBOOKS[0]
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        page.goto(f"{slides_url}{name}.slides.html#/1", wait_until="load")
+        page.wait_for_function("window.slidesReady === true", timeout=20_000)
+        expected = page.evaluate(
+            "Reveal.getCurrentSlide().querySelector('aside.notes').textContent.trim()"
+        )
+        with page.expect_popup() as popup:
+            page.keyboard.press("s")
+        speaker = popup.value
+        notes = speaker.locator(".speaker-controls-notes .value")
+        notes.wait_for(timeout=20_000)
+        speaker.wait_for_function(
+            "document.querySelector('.speaker-controls-notes .value').textContent.trim() !== ''",
+            timeout=20_000,
+        )
+        shown = notes.inner_text()
+        speaker.close()
+    finally:
+        page.close()
+    assert len(expected.split()) > 20, f"{name}: slide 2 has almost no speaker notes"
+    assert expected.split()[:5] == shown.split()[:5], f"{name}: speaker view shows {shown[:80]!r}"
