@@ -40,7 +40,7 @@ from tutorial_lib.config import RunPreset, get_preset
 from tutorial_lib.fp8.formats import E4M3, quantize
 from tutorial_lib.fp8.gemm import scaled_gemm
 from tutorial_lib.hardware import default_device, describe_device, fp8_gemm_status
-from tutorial_lib.perf import BenchResult, benchmark
+from tutorial_lib.perf import BenchResult, benchmark, l2_cache_bytes, make_rotating_inputs
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 # preset -> (hidden sizes, tokens) of the GEMM sweep. Small at ci: CPUs without BF16 matrix
@@ -96,7 +96,7 @@ def fp8_skip_reason(device: torch.device, tokens: int, h: int) -> str | None:
 
 
 def _row(
-    op: str, tokens: int, h: int, seconds: BenchResult, device: torch.device
+    op: str, tokens: int, h: int, seconds: BenchResult, device: torch.device, sets: int
 ) -> dict[str, Any]:
     row = {
         "op": op,
@@ -107,6 +107,7 @@ def _row(
         "time_ms": 1e3 * seconds.median,
         "time_min_ms": 1e3 * seconds.min,
         "iters": seconds.iters,
+        "input_sets": sets,  # rotated, together over twice the last-level cache
     }
     if device.type == "cpu":
         row["note"] = CPU_NOTES[op]
@@ -114,25 +115,32 @@ def _row(
 
 
 def _fp8_rows(
-    a: torch.Tensor, b: torch.Tensor, t_bf16: BenchResult, timing: tuple[int, int]
+    sets: list[tuple], t_bf16: BenchResult, timing: tuple[int, int]
 ) -> list[dict[str, Any]]:
-    """The FP8 GEMM and the cast of its operands, for BF16 ``a`` (tokens, h), ``b`` (h, 4h)."""
+    """The FP8 GEMM and the cast of its operands, for rotating BF16 sets of ``a`` (tokens, h)
+    and ``b`` (h, 4h)."""
+    a, b = sets[0]
     (tokens, h), device = a.shape, a.device
     one = torch.ones((), dtype=torch.float32, device=device)
-    a8, b8 = quantize(a, E4M3, one), quantize(b, E4M3, one)
-    if device.type == "cuda":
-        b8 = b8.t().contiguous().t()  # cuBLASLt's FP8 GEMM wants the second operand column-major
 
-    def fp8_gemm() -> torch.Tensor:
+    def to_fp8(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a8, b8 = quantize(a, E4M3, one), quantize(b, E4M3, one)
+        if device.type == "cuda":  # cuBLASLt's FP8 GEMM wants the second operand column-major
+            b8 = b8.t().contiguous().t()
+        return a8, b8
+
+    sets8 = [to_fp8(a, b) for a, b in sets]
+
+    def fp8_gemm(a8: torch.Tensor, b8: torch.Tensor) -> torch.Tensor:
         return scaled_gemm(a8, one, b8, one, None, torch.bfloat16)
 
-    def cast() -> tuple[torch.Tensor, torch.Tensor]:
+    def cast(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize(a, E4M3, one), quantize(b, E4M3, one)
 
-    t_fp8 = benchmark(fp8_gemm, *timing, device)
-    t_cast = benchmark(cast, *timing, device)
+    t_fp8 = benchmark(fp8_gemm, *timing, device, inputs=sets8)
+    t_cast = benchmark(cast, *timing, device, inputs=sets)
     fp8 = {
-        **_row("fp8 gemm", tokens, h, t_fp8, device),
+        **_row("fp8 gemm", tokens, h, t_fp8, device, len(sets8)),
         "tflops": 8.0 * tokens * h * h / t_fp8.median / 1e12,
     }
     if device.type == "cuda":  # on a CPU the ratio compares two emulations: left out
@@ -140,7 +148,7 @@ def _fp8_rows(
         fp8["speedup_with_cast"] = t_bf16.median / (t_fp8.median + t_cast.median)
     cast_bytes = 3 * (a.numel() + b.numel())  # read BF16 (2 B), write FP8 (1 B)
     cast_row = {
-        **_row("fp8 cast", tokens, h, t_cast, device),
+        **_row("fp8 cast", tokens, h, t_cast, device, len(sets)),
         "gb_per_s": cast_bytes / t_cast.median / 1e9,
     }
     return [fp8, cast_row]
@@ -149,18 +157,26 @@ def _fp8_rows(
 def gemm_rows(
     tokens: int, h: int, device: torch.device, timing: tuple[int, int]
 ) -> list[dict[str, Any]]:
-    """The BF16 GEMM, the FP8 GEMM (or why it was skipped) and the FP8 cast, for one h."""
+    """The BF16 GEMM, the FP8 GEMM (or why it was skipped) and the FP8 cast, for one h.
+
+    Each is timed on rotating copies of its operands that together exceed twice the last-level
+    cache (chapter 2's rule), so every call reads them from memory, as in a training step."""
     gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(tokens, h, generator=gen, device=device).to(torch.bfloat16)
-    b = torch.randn(h, 4 * h, generator=gen, device=device).to(torch.bfloat16)
-    t_bf16 = benchmark(lambda: torch.matmul(a, b), *timing, device)
+
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.randn(tokens, h, generator=gen, device=device).to(torch.bfloat16)
+        return a, torch.randn(h, 4 * h, generator=gen, device=device).to(torch.bfloat16)
+
+    cache = l2_cache_bytes(device) or 50 * 2**20  # unknown: an H100's 50 MB
+    sets = make_rotating_inputs(make, 2 * cache)
+    t_bf16 = benchmark(torch.matmul, *timing, device, inputs=sets)
     bf16 = {
-        **_row("bf16 matmul", tokens, h, t_bf16, device),
+        **_row("bf16 matmul", tokens, h, t_bf16, device, len(sets)),
         "tflops": 8.0 * tokens * h * h / t_bf16.median / 1e12,
     }
     reason = fp8_skip_reason(device, tokens, h)
     if reason is None:
-        return [bf16, *_fp8_rows(a, b, t_bf16, timing)]
+        return [bf16, *_fp8_rows(sets, t_bf16, timing)]
     skipped = {"op": "fp8 gemm", "h": h, "m": tokens, "n": 4 * h, "k": h, "skipped": reason}
     return [bf16, skipped]
 

@@ -22,6 +22,9 @@ book shows the package as it is at build time.
 
 Options per cell, in metadata ``tutorial_lib_source_options``: ``{"docstring": false}`` leaves
 docstrings out of the shown code (the line numbers in the link still cover the whole object).
+A module's docstring is named ``module:__doc__`` and shown as text; ``{"from": ..., "until":
+...}`` cut it to the lines from the one starting with ``from`` up to the one starting with
+``until``.
 """
 
 from __future__ import annotations
@@ -98,6 +101,9 @@ def render(specs: list[str], options: dict[str, Any] | None = None, base: str = 
     base = base or repository_url()
     parts = []
     for spec in specs:
+        if spec.endswith(":__doc__"):
+            parts.append(_render_module_doc(spec, options, base))
+            continue
         obj = resolve(spec)
         lines, start = inspect.getsourcelines(obj)
         path = Path(inspect.getsourcefile(obj) or "").resolve().relative_to(ROOT)
@@ -112,6 +118,34 @@ def render(specs: list[str], options: dict[str, Any] | None = None, base: str = 
             f"```python\n{code}\n```"
         )
     return "\n\n".join(parts)
+
+
+def _render_module_doc(spec: str, options: dict[str, Any], base: str) -> str:
+    """A module's docstring (``module:__doc__``) as text, cut to the part from the line that
+    starts with ``options["from"]`` up to the one that starts with ``options["until"]``."""
+    module = importlib.import_module(spec.partition(":")[0])
+    path = Path(inspect.getsourcefile(module) or "").resolve()
+    node = ast.parse(path.read_text(encoding="utf-8")).body[0]
+    doc = inspect.getdoc(module)
+    if doc is None or not isinstance(node, ast.Expr):
+        raise ValueError(f"{spec!r}: the module has no docstring")
+    lines = doc.splitlines()
+    first, last = 0, len(lines)
+    for key, bound in (("from", "start"), ("until", "end")):
+        marker = options.get(key)
+        if marker is None:
+            continue
+        hits = [i for i, line in enumerate(lines) if line.startswith(marker)]
+        if not hits:
+            raise ValueError(f"{spec!r}: no docstring line starts with {marker!r} ({key})")
+        if bound == "start":
+            first = hits[0]
+        else:
+            last = hits[0]
+    text = "\n".join(lines[first:last]).strip()
+    rel = path.relative_to(ROOT).as_posix()
+    url = f"{base}/{rel}#L{node.lineno}-L{node.end_lineno}"
+    return f"From the docstring of [`{rel}`]({url}):\n\n```text\n{text}\n```"
 
 
 def sync(nb: nbformat.NotebookNode, base: str = "") -> list[int]:

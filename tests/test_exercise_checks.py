@@ -50,7 +50,7 @@ def _fails(exercise_id: str, fn: Any) -> str:
     with pytest.raises(ExerciseError) as info:
         check(exercise_id, fn)
     message = str(info.value)
-    assert message.startswith(f"Exercise {exercise_id} ")
+    assert message.startswith(f"Code exercise {exercise_id} ")
     assert "Traceback" not in message
     assert info.value.result is not None and info.value.result.status == "failed"
     return message
@@ -130,7 +130,30 @@ def test_solution_passes(exercise_id: str, capsys: pytest.CaptureFixture[str]) -
         pytest.skip(triton_status()[1])
     result = check(exercise_id, solution(exercise_id))
     assert result.passed and result.cases_passed == result.cases_total >= 3
-    assert f"Exercise {exercise_id} " in capsys.readouterr().out
+    assert f"Code exercise {exercise_id} " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_the_shown_solution_runs_with_only_the_stub_imports(
+    exercise_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the notebook shows under "A worked solution", pasted over the stub, defines a
+    function that passes (a file, not exec: Triton reads a kernel's source from its file)."""
+    if exercise_id == "6.1" and not TRITON_OK:
+        pytest.skip(triton_status()[1])
+    ex = exercises.get_exercise(exercise_id)
+    imports = [ln for ln in stub(exercise_id).splitlines() if ln.startswith(("import ", "from "))]
+    path = tmp_path / f"shown_{exercise_id.replace('.', '_')}.py"
+    path.write_text("\n".join(imports) + "\n\n" + solution_source(exercise_id))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    try:
+        spec.loader.exec_module(module)
+        assert check(exercise_id, getattr(module, ex.function)).passed
+    finally:
+        del sys.modules[path.stem]
 
 
 @pytest.mark.parametrize("exercise_id", IDS)

@@ -11,10 +11,15 @@ import tutorial_lib as tl
 from tutorial_lib import fp8, viz
 
 
-def test_setup_chapter_labels_what_the_numbers_are(capsys: pytest.CaptureFixture[str]) -> None:
+def test_setup_chapter_labels_what_the_numbers_are(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     mpl.rcParams.update(mpl.rcParamsDefault)
+    monkeypatch.setenv("TUTORIAL_PRESET", "hopper")
+    assert tl.setup_chapter("measured", device="cpu").preset.name == "hopper"
+    monkeypatch.setenv("TUTORIAL_PRESET", "ci")
     preset, device, hw, label = tl.setup_chapter("measured", device="cpu")
-    assert device == torch.device("cpu") and preset.name == tl.get_preset().name
+    assert device == torch.device("cpu") and preset.name == "ci"
     assert label.startswith(f"measured on {hw.name}, ") and label.endswith(f"preset {preset.name}")
     assert capsys.readouterr().out.startswith("hardware: ")
     styled = mpl.RcParams(viz.BOOK_STYLE)  # validated as matplotlib stores them
@@ -62,5 +67,7 @@ def test_scale_trace_records_one_row_per_step_and_names_wrong_layers() -> None:
     state = dict(trainer.model.named_modules())["blocks.0.mlp.fc"].fp8_state
     assert trace.series("scale_fwd", 1)[-1] == float(state.forward.scale[1])
     assert trace.series("scale_bwd")[-1] == float(state.backward.scale[0])
+    window = state.forward.amax_history[1:].max(0).values  # what the next update reads
+    assert trace.series("amax_fwd", 0)[-1] == float(window[0]) > 0
     with pytest.raises(ValueError, match="'lm_head' is not an FP8 layer"):
         fp8.ScaleTrace("lm_head")(trainer)

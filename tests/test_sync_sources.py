@@ -46,7 +46,8 @@ def test_each_chapter_shows_its_core_code_and_it_is_current(path: Path) -> None:
     for want in CORE[path.name[:2]]:
         assert any(s.startswith(want) for s in shown), f"{path.name} does not show {want}"
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert "getsource" not in code, "show package code with a source cell, not inspect output"
+    for output_only in ("getsource", "getdoc", "__doc__"):  # an output shows in two views only
+        assert output_only not in code, "show package code and text with a source cell"
     before = copy.deepcopy(nb)
     assert ss.sync(nb) == [], f"{path.name} shows old code: run `make sync`"
     assert nb == before
@@ -105,3 +106,16 @@ def test_source_metadata_on_a_code_cell_is_refused() -> None:
     nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={ss.KEY: ["tutorial_lib.perf:mfu"]})]
     with pytest.raises(ValueError, match="belongs on a markdown cell"):
         ss.sync(nb)
+
+
+def test_a_module_docstring_shows_as_text_cut_to_a_section() -> None:
+    text = ss.render(
+        ["tutorial_lib.cluster.plans:__doc__"],
+        {"from": "Modelling assumptions", "until": "``cluster.packing``"},
+        base="u",
+    )
+    body = text.split("```text\n", 1)[1]
+    assert body.startswith("Modelling assumptions") and "cluster.packing" not in body
+    assert "u/tutorial_lib/cluster/plans.py#L1-L" in text
+    with pytest.raises(ValueError, match="no docstring line starts with 'Nowhere'"):
+        ss.render(["tutorial_lib.cluster.plans:__doc__"], {"from": "Nowhere"}, base="u")

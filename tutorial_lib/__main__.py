@@ -81,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ladder", action="store_true", help="the ablation ladder, fp32 eager to FP8 (chapter 7)"
     )
     bench.add_argument("--preset", choices=list(PRESETS), help="default: $TUTORIAL_PRESET/auto")
-    bench.add_argument("--fusion", choices=FUSIONS, default="compile", help="rung 4's fusion")
+    bench.add_argument(
+        "--fusion",
+        choices=FUSIONS,
+        default="compile",
+        help="the fusion rung 4 adds and rung 6 takes away",
+    )
     bench.add_argument("--rungs", help="comma-separated rung numbers to run (default: all)")
     bench.add_argument("--steps", type=_positive_int, help="steps per rung (default: preset)")
     bench.add_argument("--batch-size", type=_positive_int, help="sequences per step")

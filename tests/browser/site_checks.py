@@ -96,7 +96,7 @@ _FACTS_JS = """
     overflowingCode: [...article.querySelectorAll("div.highlight pre")]
       .filter(p => !p.closest(".cell_output, .output"))
       .filter(p => p.scrollWidth > p.clientWidth + 1)
-      .map(p => ({first: p.innerText.split("\n").find(l => l.length > 60)?.slice(0, 90) ?? "",
+      .map(p => ({first: p.innerText.split("\\n").find(l => l.length > 60)?.slice(0, 90) ?? "",
                   overflow: p.scrollWidth - p.clientWidth})),
     // The text's own links, not the prev/next buttons at the foot of the article.
     links: [...article.querySelectorAll("a[href]")].filter(a => !a.closest(".prev-next-area"))

@@ -128,11 +128,13 @@ def run_rung(
     seed: int = 0,
     start: dict[str, torch.Tensor] | None = None,
     lr: float | None = None,
+    count_breaks: bool = True,
 ) -> dict[str, Any]:
     """Train one rung for ``steps`` steps; its row (or the reason it was skipped).
 
     ``start`` is a ``data.state_dict()`` to rewind the sampler to first; ``lr`` defaults to the
-    preset's."""
+    preset's. ``count_breaks=False`` keeps what Dynamo has compiled already (no reset, no graph
+    break count): a rung then reuses an earlier compilation of the same model code."""
 
     row: dict[str, Any] = {
         "rung": rung.name,
@@ -170,7 +172,7 @@ def run_rung(
         trainer = Trainer(model, data, cfg, device=device)
     except ValueError as exc:  # e.g. FP8 shapes not multiples of 16
         return {**row, "skipped": str(exc)}
-    history, breaks = _train(trainer, rung.compile)
+    history, breaks = _train(trainer, rung.compile and count_breaks)
     timed = [r for r in history if int(r["step"]) >= warmup] or history  # type: ignore[arg-type]
     step_s = _median([float(r["step_time_s"]) for r in timed])  # type: ignore[arg-type]
     mfus = [r["mfu"] for r in timed if r["mfu"] is not None]
@@ -279,6 +281,7 @@ def run_ladder(
     seed: int = 0,
     progress: bool = True,
     lr: float | None = None,
+    count_breaks: bool = True,
 ) -> list[dict[str, Any]]:
     """Run every rung (default ``ladder_rungs()``) at the preset's comparison size.
 
@@ -286,6 +289,7 @@ def run_ladder(
     ``lr`` to ``min(preset.lr, LADDER_MAX_LR)``;
     the first ``bench_warmup`` steps (at least 1, which holds any compilation) are left out of
     the timing. Rows are in rung order; skipped rungs carry ``skipped`` with the reason.
+    ``count_breaks``: see ``run_rung``.
     """
     dev = torch.device(device) if device is not None else default_device()
     rungs = list(rungs) if rungs is not None else ladder_rungs()
@@ -300,7 +304,9 @@ def run_ladder(
     bar = tqdm(rungs, desc="ladder", unit="rung", disable=not progress, dynamic_ncols=True)
     for rung in bar:
         bar.set_postfix_str(rung.name)
-        rows.append(run_rung(rung, preset, data, steps, batch, warmup, dev, seed, start, lr))
+        rows.append(
+            run_rung(rung, preset, data, steps, batch, warmup, dev, seed, start, lr, count_breaks)
+        )
     bar.close()
     return rows
 

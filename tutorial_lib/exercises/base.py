@@ -92,4 +92,4 @@ class Exercise:
 
     def describe(self) -> str:
         """Title, signature and task as plain text."""
-        return f"Exercise {self.id}: {self.title}\n{self.signature}\n\n{self.task}"
+        return f"Code exercise {self.id}: {self.title}\n{self.signature}\n\n{self.task}"

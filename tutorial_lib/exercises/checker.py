@@ -177,7 +177,7 @@ def _run_case(ex: Exercise, fn: Callable[..., Any], case: Case) -> tuple[str, st
 
 def _outcome(ex: Exercise, fn: Callable[..., Any]) -> CheckResult:
     name = getattr(fn, "__name__", ex.function)
-    head = f"Exercise {ex.id} ({ex.title})"
+    head = f"Code exercise {ex.id} ({ex.title})"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_SEED)
         cases = list(ex.cases())
@@ -215,7 +215,7 @@ def check(exercise_id: str, fn: Callable[..., Any]) -> CheckResult:
     reason = ex.unavailable()
     if reason is not None:
         result = CheckResult(
-            ex.id, "unavailable", f"Exercise {ex.id} cannot run here: {reason}.", 0, 0
+            ex.id, "unavailable", f"Code exercise {ex.id} cannot run here: {reason}.", 0, 0
         )
     else:
         result = _outcome(ex, fn)

@@ -15,7 +15,9 @@ module               user-facing functions
 ``cross_entropy``    ``cross_entropy(logits, targets, ignore_index)``: online logsumexp, the
                      softmax never written to memory
 ``traffic``          the minimum HBM bytes of each kernel, and achieved bandwidth
-``runtime``          where kernels run, ``triton_status()``, input checks
+``wide_rows``        the two-pass chunked kernels that LayerNorm and softmax take for rows
+                     wider than ``runtime.MAX_ROW_BLOCK`` (4096)
+``runtime``          where kernels run, ``triton_status()``, tile sizes, input checks
 ``fused``            ``TritonLayers`` (a layer factory: ``AddNormBlock``, ``BiasGELUMLP``)
 ``compile``          ``torch.compile`` with compile time, graph breaks and kernel counts;
                      ``count_graph_breaks()`` around any code that compiles

@@ -1,4 +1,5 @@
-"""Row softmax over the last dimension, forward and backward, one tile per row.
+"""Row softmax over the last dimension, forward and backward: one tile per row up to 4096 values,
+two chunked passes above (``wide_rows``).
 
 Numerically stable: subtract the row maximum before ``exp`` so the largest exponent is
 ``exp(0) = 1`` and nothing overflows (``softmax(x) == softmax(x - c)`` for any ``c``)::
