@@ -86,7 +86,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def fp8_skip_reason(device: torch.device, tokens: int, h: int) -> str | None:
     """Why an FP8 GEMM of this shape cannot run on ``device``'s tensor cores, or None."""
     if device.type != "cuda":
-        return None  # the CPU runs the exact emulation: the row runs, with a note
+        return None  # the CPU runs the FP32 emulation: the row runs, with a note
     ok, reason = fp8_gemm_status(device)
     if not ok:
         return reason
@@ -186,7 +186,7 @@ def train_rows(preset: RunPreset, device: torch.device, timing: tuple[int, int])
     rows = benchmark_policies(preset, device=device, policies=list(TRAIN_POLICIES), timing=timing)
     for row in rows:
         if device.type == "cpu" and row["policy"] == "fp8" and "skipped" not in row:
-            extra = "FP8 GEMMs emulated exactly in FP32 on a CPU"
+            extra = "FP8 GEMMs emulated in FP32 on a CPU (FP32 sums)"
             row["note"] = f"{row['note']}; {extra}" if row.get("note") else extra
     return rows
 

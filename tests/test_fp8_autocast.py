@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tutorial_lib.build import build_model
+from tutorial_lib.config import GPTConfig
 from tutorial_lib.fp8 import (
     DelayedScaling,
     FP8Linear,
@@ -121,6 +123,47 @@ def test_disabled_and_calibrating_regions_run_in_high_precision() -> None:
     assert model[0].fp8_scale_fwd.eq(1).all() and model[0].fp8_amax_history_bwd.eq(0).all()
     out.sum().backward()  # high-precision backward records nothing
     assert model[0].fp8_amax_history_bwd.eq(0).all()
+
+
+def test_calibration_keeps_the_last_batch_amax_and_nan_as_te() -> None:
+    """TE's calibration overwrites row 0 with each batch's amax: batches of amax 4 then 2 leave 2,
+    and a NaN in the batch leaves NaN (issue 17); no update at exit."""
+    layer = FP8Linear(16, 16, amax_history_len=4)
+    for where, value in (((0, 0), -4.0), ((3, 5), 2.0), ((1, 1), float("nan"))):
+        x = torch.zeros(8, 16)
+        x[where] = value
+        with autocast(enabled=False, calibrating=True, recipe=RECIPE):
+            layer(x)
+        if value == 2.0:
+            assert layer.fp8_amax_history_fwd[0, 0] == 2.0  # not the running max, 4
+    assert torch.isnan(layer.fp8_amax_history_fwd[0, 0])
+    assert layer.fp8_amax_history_fwd[0, 1] == layer.weight.abs().max()
+    assert layer.fp8_scale_fwd.eq(1).all() and layer.fp8_amax_history_fwd[1:].eq(0).all()
+
+
+def test_a_frozen_first_layer_leaves_the_backward_update_to_the_next() -> None:
+    """As TE: only a module whose backward will run (input, weight or bias needs grad) claims the
+    backward update. blocks.0.attn.qkv runs first but, frozen with an input that needs no grad,
+    never runs backward; the other layers' grad_output scales must still update (issue 17)."""
+    cfg = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    model = build_model(cfg, precision="fp8", seed=0)
+    first = model.blocks[0]
+    for frozen in (model.tok_emb, model.pos_emb, first.ln1, first.attn.qkv):
+        frozen.requires_grad_(False)
+    idx = torch.randint(
+        0, cfg.vocab_size, (8, cfg.block_size), generator=torch.Generator().manual_seed(0)
+    )
+    with autocast(recipe=RECIPE):
+        _, loss = model(idx, idx)
+    assert loss is not None
+    loss.backward()
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+    assert layers.pop("blocks.0.attn.qkv").fp8_amax_history_bwd.eq(0).all()  # no backward
+    assert len(layers) == 7
+    for name, layer in layers.items():
+        assert layer.fp8_amax_history_bwd[0].eq(0).all(), name  # rolled: row 0 cleared
+        assert layer.fp8_amax_history_bwd[-1, 0] > 0, name
+        assert layer.fp8_scale_bwd[0] != 1.0, name
 
 
 def test_inner_region_can_disable_fp8() -> None:

@@ -120,6 +120,9 @@ def test_recipe_mirrors_te_names_and_defaults() -> None:
         "reduce_amax",
         "fp8_dpa",
         "fp8_mha",
+        "fp8_gemm_fprop",  # TE's Float8CurrentScaling names; TE's delayed-scaling behaviour
+        "fp8_gemm_dgrad",
+        "fp8_gemm_wgrad",
     ]
     assert (r.margin, r.fp8_format, r.amax_history_len, r.amax_compute_algo) == (
         0,
@@ -314,6 +317,20 @@ def test_record_amax_keeps_the_step_maximum() -> None:
     meta.record_amax(GEMM1_OUTPUT, torch.tensor([INF, 1.0]))
     assert meta.amax_history[0].tolist() == [6.0, 3.0, INF]
     assert meta.amax_history[1:].eq(0).all()
+
+
+def test_calibrate_amax_overwrites_row_0_as_te_calibrate() -> None:
+    """TE's ``Float8Quantizer.calibrate``: ``max(-amin, amax)`` copied into the slot, so the
+    latest tensor wins (no running max) and NaN propagates (issue 17)."""
+    meta = ScalingMeta.create(num_tensors=3, history_len=4)
+    meta.calibrate_amax(GEMM1_INPUT, torch.tensor([1.0, -4.0, 2.0]))
+    meta.calibrate_amax(GEMM1_INPUT, torch.tensor([2.0, -1.0]).bfloat16())  # smaller: it wins
+    meta.calibrate_amax(GEMM1_WEIGHT, torch.tensor([NAN, -3.0]))
+    meta.calibrate_amax(GEMM1_OUTPUT, torch.tensor([-INF, 1.0]))
+    assert meta.amax_history[0, GEMM1_INPUT] == 2.0 and meta.amax_history[0, 2] == INF
+    assert torch.isnan(meta.amax_history[0, GEMM1_WEIGHT])
+    meta.calibrate_amax(GEMM1_WEIGHT, torch.tensor([]))
+    assert meta.amax_history[0, GEMM1_WEIGHT] == 0.0 and meta.amax_history[1:].eq(0).all()
 
 
 @settings(max_examples=40, deadline=None)

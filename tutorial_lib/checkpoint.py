@@ -3,6 +3,13 @@
 ``save_checkpoint`` writes through a temporary file, fsync and ``os.replace``, so a crash never
 leaves a torn file. ``load_checkpoint`` opens only whole ``torch.save`` archives, with
 ``torch.load(weights_only=True)``: tensors and plain data, nothing that could run code.
+
+A model's state goes through ``model_state_dict`` / ``load_model_state_dict``. For plain and
+``FP8Linear`` models they are ``state_dict``/``load_state_dict``. A Transformer Engine module
+(``te-fp8``) checkpoints its FP8 scaling state as ``_extra_state``, a *pickled* object (which TE
+>= 2.18 refuses to load unless ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``): we store it as
+tensors and plain data instead (``fp8.te_state``) and restore it without pickle. A checkpoint
+that holds TE's pickled form is refused with a ``CheckpointError`` naming the modules and the fix.
 """
 
 from __future__ import annotations
@@ -17,7 +24,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint"]
+__all__ = [
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "model_state_dict",
+    "load_model_state_dict",
+]
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
@@ -82,3 +95,65 @@ def _corrupt(path: Path, exc: BaseException) -> CheckpointError:
         f"({type(exc).__name__}: {first}). Resume from an earlier checkpoint, or start the run "
         "again without --resume."
     )
+
+
+# ---- a model's state, Transformer Engine's FP8 extra state included --------------------------
+def model_state_dict(model: torch.nn.Module) -> dict[str, Any]:
+    """``model.state_dict()``, with each TE module's ``_extra_state`` (pickled bytes) replaced by
+    the same content as tensors and plain data (``fp8.te_state.te_extra_state``; an empty
+    tensor where TE keeps no state), so the checkpoint loads with ``weights_only=True``."""
+    state = model.state_dict()
+    if not any(key.endswith("_extra_state") for key in state):
+        return state
+    from .fp8.te_state import te_extra_state, te_extra_state_modules
+
+    for key, module in te_extra_state_modules(model).items():
+        if key in state:
+            safe = te_extra_state(module)
+            state[key] = safe if safe is not None else torch.empty(0, dtype=torch.uint8)
+    return state
+
+
+def load_model_state_dict(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """``model.load_state_dict(state)`` (strict), restoring TE modules' FP8 state from the form
+    ``model_state_dict`` writes (``fp8.te_state.load_te_extra_state``, no pickle).
+
+    TE's own pickled form (a non-empty uint8 tensor, e.g. from ``torch.save(model.state_dict())``)
+    is refused with ``CheckpointError`` before anything is loaded, unless
+    ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1`` is set; then it goes to TE's ``set_extra_state``.
+    """
+    if not any(key.endswith("_extra_state") for key in state):
+        model.load_state_dict(state)
+        return
+    from .fp8.te_state import TE_UNSAFE_PICKLE_ENV, load_te_extra_state, te_extra_state_modules
+
+    te = {k: m for k, m in te_extra_state_modules(model).items() if k in state}
+    pickled = [k for k in te if _is_pickled_te_state(state[k])]
+    if pickled and os.environ.get(TE_UNSAFE_PICKLE_ENV) != "1":
+        raise CheckpointError(
+            f"The checkpoint holds Transformer Engine's pickled FP8 state for {pickled}: "
+            "unpickling it can run arbitrary code, so TE >= 2.18 and tutorial_lib refuse it. "
+            f"Only if you trust the file, set {TE_UNSAFE_PICKLE_ENV}=1, load it, and save it "
+            "again with tutorial_lib (model_state_dict / Trainer.save), which stores this state "
+            "as plain tensors."
+        )
+    _check_keys(model, state)
+    safe = {k: state[k] for k in te if isinstance(state[k], dict)}
+    model.load_state_dict({k: v for k, v in state.items() if k not in safe}, strict=False)
+    for key, value in safe.items():
+        load_te_extra_state(te[key], value)
+
+
+def _is_pickled_te_state(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.numel() > 0
+
+
+def _check_keys(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """The strict check ``load_state_dict`` makes, extra-state entries included."""
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {type(model).__name__}: missing keys "
+            f"{missing}, unexpected keys {unexpected}."
+        )

@@ -23,7 +23,13 @@ import torch
 from tqdm.auto import tqdm
 
 from .build import ModelRecipe, build_model, recipe_of
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_model_state_dict,
+    model_state_dict,
+    save_checkpoint,
+)
 from .config import GPTConfig, RunPreset
 from .data import TokenData, make_data
 from .hardware import describe_device
@@ -377,7 +383,7 @@ class Trainer:
             "model_config": dataclasses.asdict(self.model.config),
             "train_config": dataclasses.asdict(self.cfg),
             "model_recipe": dataclasses.asdict(self.recipe),
-            "model": self.model.state_dict(),
+            "model": model_state_dict(self.model),  # TE's FP8 state without pickle
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "schedule": {"step": self.step, "lr": lr_at(self.step, self.cfg)},
@@ -400,7 +406,7 @@ class Trainer:
                 f"The checkpoint was trained in precision {saved!r}, this model is built for "
                 f"{self.recipe.precision!r}: resume with --precision {saved}, or start again."
             )
-        self.model.load_state_dict(state["model"])
+        load_model_state_dict(self.model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])

@@ -14,7 +14,7 @@ call to the next. Timing it measures launch overhead and the cache, not FP8 arit
   as a cautionary example, and its records say so (``role``, ``l2_resident``).
 
 FP8 runs through ``fp8.scaled_gemm`` (E4M3 operands already quantized, unit scales, BF16
-output): ``torch._scaled_mm`` on a CUDA GPU with FP8 tensor cores (sm_89+), the exact emulation
+output): ``torch._scaled_mm`` on a CUDA GPU with FP8 tensor cores (sm_89+), the FP32 emulation
 everywhere else (FP8 widened to FP32, an FP32 matmul). On a CPU, or a GPU without FP8 units,
 the FP8 records therefore time the *emulation's cost*, not FP8 speed, and ``path`` says which
 ran. ``torch._scaled_mm`` is never called on a CPU.

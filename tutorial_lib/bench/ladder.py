@@ -256,7 +256,7 @@ def _device_note(rung: Rung, device: torch.device) -> str | None:
     if rung.precision == "tf32":
         notes.append("TF32 is a CUDA tensor-core mode: FP32 math on a CPU")
     if rung.precision == "fp8":
-        notes.append("FP8 GEMMs emulated exactly in FP32 on a CPU")
+        notes.append("FP8 GEMMs emulated in FP32 on a CPU (FP32 sums)")
     if rung.precision == "bf16" and not describe_device(device).bf16_supported:
         notes.append("no BF16 matrix instructions on this CPU (AVX-512 BF16 or AMX)")
     if rung.fused:

@@ -3,12 +3,16 @@
 Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (the
 ``DelayedScaling`` recipe, per-module state, the update rule, amax reduction), ``stats``
 (quantization statistics and capture of a model's GEMM operands), ``gemm`` (``scaled_gemm``:
-``torch._scaled_mm`` on FP8 GPUs, ``emulated_gemm``, an exact FP32 emulation, elsewhere),
+``torch._scaled_mm`` on FP8 GPUs, ``emulated_gemm``, an FP32 emulation, elsewhere),
 ``linear`` (``FP8Linear`` and ``convert_to_fp8``), ``autocast`` (the FP8 region, named and behaving like
-``transformer_engine.pytorch.autocast``), ``policy`` (the ``fp8`` precision policy), and the
+``transformer_engine.pytorch.autocast``), ``recompute`` (``checkpoint``: activation
+checkpointing that replays the first forward's scales, TE's ``checkpoint``), ``policy`` (the
+``fp8`` precision policy), and the
 optional Transformer Engine backend: ``te_contract`` (the TE API it relies on, checked against
 TE's source; the guarded TE import), ``te_convert`` (``TELayers``, ``convert_to_te``, fused or
-not) and ``te_policy`` (``te_autocast`` and the ``te-fp8`` and ``te-fp8-fused`` policies).
+not), ``te_policy`` (``te_autocast`` and the ``te-fp8`` and ``te-fp8-fused`` policies) and
+``te_state`` (TE's FP8 ``_extra_state`` as tensors and plain data, no pickle). ``ddp`` keeps
+the FP8 buffers out of ``DistributedDataParallel``'s buffer broadcast.
 Importing this package registers ``fp8``, ``te-fp8`` and ``te-fp8-fused`` in
 ``tutorial_lib.precision``.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 from ..hardware import te_available
 from . import te_policy  # imports te_contract and te_convert too
 from .autocast import FP8AutocastState, autocast, get_autocast_state, is_fp8_enabled
+from .ddp import exclude_fp8_from_ddp, fp8_buffer_names
 from .formats import (
     E4M3,
     E5M2,
@@ -29,7 +34,7 @@ from .formats import (
     quantize,
 )
 from .gemm import emulated_gemm, scaled_gemm
-from .linear import FP8_MIN_CC, FP8Linear, convert_to_fp8, fp8_layer_problems
+from .linear import FP8_MIN_CC, FP8_SHAPE_RULE, FP8Linear, convert_to_fp8, fp8_layer_problems
 from .policy import (
     FP8_LOSS_TOLERANCE,
     FP8_POLICY_NAME,
@@ -37,6 +42,8 @@ from .policy import (
     make_fp8_policy,
     register_fp8_policy,
 )
+from .quantizers import QuantizedTensor, Quantizer, get_quantizer
+from .recompute import checkpoint
 from .scaling import (
     FLT_MAX,
     GEMM1_INPUT,
@@ -50,6 +57,7 @@ from .scaling import (
     FP8BwdTensors,
     FP8FwdTensors,
     FP8ModuleState,
+    MMParams,
     ScalingMeta,
     reduce_amax,
     update_amax_and_scale,
@@ -62,6 +70,7 @@ from .stats import (
     quant_stats,
     scale_for,
 )
+from .te_state import from_te_extra_state, to_te_extra_state
 
 __all__ = [
     "te_available",
@@ -77,6 +86,7 @@ __all__ = [
     # scaling
     "Format",
     "DelayedScaling",
+    "MMParams",
     "AmaxAlgo",
     "FP8FwdTensors",
     "FP8BwdTensors",
@@ -102,14 +112,27 @@ __all__ = [
     "autocast",
     "get_autocast_state",
     "is_fp8_enabled",
+    # quantizers (per-recipe reference quantizers)
+    "get_quantizer",
+    "Quantizer",
+    "QuantizedTensor",
+    # recompute
+    "checkpoint",
     # gemm
     "scaled_gemm",
     "emulated_gemm",
     # linear
     "FP8Linear",
     "FP8_MIN_CC",
+    "FP8_SHAPE_RULE",
     "convert_to_fp8",
     "fp8_layer_problems",
+    # ddp
+    "exclude_fp8_from_ddp",
+    "fp8_buffer_names",
+    # TE extra state
+    "to_te_extra_state",
+    "from_te_extra_state",
     # policy
     "FP8_POLICY_NAME",
     "FP8_LOSS_TOLERANCE",

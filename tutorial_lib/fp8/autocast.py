@@ -8,13 +8,22 @@ When the scaling state changes (TE 2.x, ``transformer_engine/pytorch/quantizatio
         ``torch.no_grad()`` never updates scales, but, as in TE, its amaxes are still recorded
         into row 0 and enter the next training update.
     backward state (grad_output, grad_input): at the end of the backward pass of the module that
-        ran FIRST in the region's forward pass (the last one to run backward), for every module
-        of that region. Here that module's autograd Function does it (``_BackwardStep``).
+        ran FIRST in the region's forward pass among those that need a gradient (the last one to
+        run backward), for every module of that region. As in TE (``_check_fp8_reduce_and_update``
+        is only asked when the input, weight or bias requires grad), a module with nothing to
+        differentiate (frozen weights, an input that needs no grad) runs no backward, so it
+        cannot claim the update; the next module that does claims it. Here the claiming module's
+        autograd Function does the update (``_BackwardStep``).
 Amaxes are MAX-all-reduced over ``amax_reduction_group`` before an update when the recipe's
 ``reduce_amax`` is set and the group has more than one rank (one all-reduce per group).
-Calibration (``enabled=False, calibrating=True``): modules run in high precision but record the
-amaxes of their input and weight (not output or gradients), as TE's Linear does; as in TE no
-update happens at exit (the region is not enabled), so the amaxes enter the first FP8 update.
+Calibration (``enabled=False, calibrating=True``): modules run in high precision but write the
+amaxes of their input and weight (not output or gradients) into row 0, as TE's Linear does
+(``Float8Quantizer.calibrate``): each batch OVERWRITES row 0 (the last calibration batch wins, not
+the largest) and a NaN in the tensor makes the slot NaN. As in TE no update happens at exit (the
+region is not enabled), so the last batch's amaxes enter the first FP8 update.
+Activation checkpointing: wrap checkpointed blocks in ``tutorial_lib.fp8.checkpoint`` (module
+``recompute``), never plain ``torch.utils.checkpoint`` (FP8Linear refuses its non-reentrant
+form with an error naming the helper; the reentrant form is not detected).
 The region state is process-global (like TE's): do not run FP8 regions in several threads.
 """
 
@@ -51,10 +60,12 @@ class FP8AutocastState:
 
 @dataclass(eq=False)
 class _BackwardStep:
-    """Modules run with grad in one outermost region; the first one updates their backward state."""
+    """Modules run with grad in one outermost region; the first that needs grad updates their
+    backward state."""
 
     entries: list[tuple[FP8ModuleState, DelayedScaling, Any]] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)
+    claimed: bool = False  # a module whose backward will run has taken the update
 
     def add(self, state: FP8ModuleState, fp8: FP8AutocastState) -> None:
         if id(state) not in self.seen:
@@ -62,7 +73,7 @@ class _BackwardStep:
             self.entries.append((state, fp8.recipe, fp8.amax_reduction_group))
 
     def update(self) -> None:
-        """Update every module's backward state (called by the first module's backward)."""
+        """Update every module's backward state (called by the claiming module's backward)."""
         _update_states(self.entries, forward=False)
 
 
@@ -90,17 +101,23 @@ def is_fp8_enabled() -> bool:
     return state is not None and state.enabled
 
 
-def register_fp8_run(state: FP8ModuleState, fp8: FP8AutocastState) -> _BackwardStep | None:
+def register_fp8_run(
+    state: FP8ModuleState, fp8: FP8AutocastState, needs_grad: bool
+) -> _BackwardStep | None:
     """Note that a module ran in FP8 in this region; returns the backward step record if this
-    module is the first to run with grad (it then updates everyone's backward state), else None.
+    module is the first to run with grad enabled AND ``needs_grad`` (its input, weight or bias
+    requires grad, so its backward will run): it then updates everyone's backward state. Else
+    None. A module that needs no grad still joins the backward update (as in TE's buffer).
     """
     region = _REGION[-1]
     region.forward.add(state, fp8)
     if not torch.is_grad_enabled():
         return None
-    first = not region.backward.entries
     region.backward.add(state, fp8)
-    return region.backward if first else None
+    if not needs_grad or region.backward.claimed:
+        return None
+    region.backward.claimed = True
+    return region.backward
 
 
 def _update_states(
@@ -148,7 +165,7 @@ def autocast(
     Distributed:
         amax_reduction_group: the process group whose ranks share amaxes (default: the world).
     Extras (not in TE):
-        emulate: allow the exact dequantize-then-matmul path on CUDA GPUs without FP8 tensor
+        emulate: allow the FP32 emulation path on CUDA GPUs without FP8 tensor
             cores (None: defer to each module's flag). collect_stats: record saturation/underflow
             statistics at every quantize (``FP8Linear.fp8_stats``); off by default (costs time).
     Scaling state updates: see the module docstring.

@@ -3,23 +3,34 @@ same GEMM without FP8 units). ``FP8Linear`` (``fp8.linear``) runs its three GEMM
 
 Where the GEMMs run (``scaled_gemm``):
     CUDA sm_89+   ``torch._scaled_mm`` (FP8 tensor cores; the second operand made column-major).
-                  A GEMM with a dimension that is not a multiple of 16 (``_scaled_mm``'s rule;
-                  TE asks only 8 of the token count) runs on the emulation path instead.
+                  A GEMM with a dimension that is not a multiple of 16 (``_scaled_mm``'s rule,
+                  stricter than the one ``FP8Linear`` checks, TE's: see ``fp8.linear``) runs on
+                  the emulation path instead.
     CUDA < sm_89  a RuntimeError, unless emulation was asked for (``emulate=True`` on the
                   module, the ``autocast`` or the ``fp8`` policy): never a silent fallback.
     CPU           always the emulation. A CPU has no FP8 units, and ``torch._scaled_mm``'s CPU
                   kernel is itself an emulation whose speed depends on the CPU (on some Xeons it
                   is about 1000x slower than an FP32 matmul of the same shape), so it is never
                   called on a CPU: an FP8 GEMM costs an FP32 GEMM plus the widening casts.
-    emulation     widen both FP8 operands to float32 (exact), float32 matmul, then multiply by
-                  both scale inverses, add bias, round to the output dtype. Every product of two
-                  FP8 values is exact in float32 (at most 4 x 4 significant bits, and far from
-                  float32's exponent limits), so the only roundings are float32 accumulation,
-                  the scaling and the output cast. The scales are applied to the accumulated sum,
-                  as cuBLASLt does on the GPU (torch's CPU ``_scaled_mm`` scales the operands
-                  first); both stay within float32 accumulation rounding of a float64 reference
-                  (tested). Hopper's FP8 tensor cores accumulate in their own way, so GPU and CPU
-                  agree to accumulation rounding, not bit for bit.
+    emulation     widen both FP8 operands to float32 (exact: every FP8 value is a float32),
+                  float32 matmul, then multiply by both scale inverses, add bias, round to the
+                  output dtype. Every product of two FP8 values is exact in float32 (at most 4 x 4
+                  significant bits, and far from float32's exponent limits), so the roundings are
+                  float32 accumulation, the scaling (the sum times ``a_inv * b_inv``, each
+                  product rounded to float32) and the output cast. (The operands are never
+                  dequantized on their own: ``fp8.dequantize``, an FP8 value times a float32
+                  ``scale_inv``, rounds too, unless the scale is a power of two.) The scales are
+                  applied to the accumulated sum, as cuBLASLt does on the GPU (torch's CPU
+                  ``_scaled_mm`` scales the operands first); both stay within float32
+                  accumulation rounding of a float64 reference (tested). Hopper's FP8 tensor
+                  cores accumulate in their own way, so GPU and CPU agree to accumulation
+                  rounding, not bit for bit.
+Accumulation (``use_fast_accum``, from the recipe's ``MMParams``: fast = not split):
+    CUDA          passed to ``torch._scaled_mm(use_fast_accum=...)``, which sets cuBLASLt's
+                  ``CUBLASLT_MATMUL_DESC_FAST_ACCUM``. TE's delayed scaling: fast for the forward
+                  GEMM, split (partial sums promoted to float32) for dgrad and wgrad (``DelayedScaling``).
+    emulation     accepted and ignored: the sums are always float32, so fast and split
+                  accumulation give the same result there.
 """
 
 from __future__ import annotations
@@ -37,17 +48,36 @@ def scaled_gemm(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.float32,
     emulate: bool = False,
+    use_fast_accum: bool = False,
 ) -> torch.Tensor:
     """``(a * a_inv) @ (b * b_inv) + bias`` for FP8 ``a`` (M, K), ``b`` (K, N), in ``out_dtype``.
 
     ``a_inv``/``b_inv`` are the scale inverses (0-d float32). On CUDA: ``torch._scaled_mm``
-    unless ``emulate`` or a dimension is not a multiple of 16; elsewhere the emulation
-    (module docstring), whose speed is that of a float32 matmul on the device at hand.
+    (with ``use_fast_accum``) unless ``emulate`` or a dimension is not a multiple of 16;
+    elsewhere the emulation (module docstring), whose speed is that of a float32 matmul on the
+    device at hand and which ignores ``use_fast_accum`` (it always sums in float32).
     """
-    if not a.is_cuda or any(d % 16 for d in (*a.shape, b.shape[1])):
-        emulate = True  # no FP8 units (CPU), or _scaled_mm's divisible-by-16 rule on CUDA
-    if emulate:
+    if emulate or not _on_fp8_units(a, b):
         return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
+    return _scaled_mm_gemm(a, a_inv, b, b_inv, bias, out_dtype, use_fast_accum)
+
+
+def _on_fp8_units(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``torch._scaled_mm`` takes this GEMM: CUDA tensors (a CPU has no FP8 units) whose
+    dimensions are multiples of 16 (``_scaled_mm``'s rule on CUDA)."""
+    return a.is_cuda and not any(d % 16 for d in (*a.shape, b.shape[1]))
+
+
+def _scaled_mm_gemm(
+    a: torch.Tensor,
+    a_inv: torch.Tensor,
+    b: torch.Tensor,
+    b_inv: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    use_fast_accum: bool,
+) -> torch.Tensor:
+    """The one call of ``torch._scaled_mm`` (CUDA only; the second operand made column-major)."""
     fused = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
     out = torch._scaled_mm(
         a.contiguous(),
@@ -56,6 +86,7 @@ def scaled_gemm(
         scale_b=b_inv,
         bias=bias if fused else None,
         out_dtype=out_dtype,
+        use_fast_accum=use_fast_accum,
     )
     return out + bias if bias is not None and not fused else out
 
@@ -69,8 +100,9 @@ def emulated_gemm(
     out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """The FP8 GEMM without FP8 units, in the GPU's order: exact FP8 products summed in float32,
-    times ``a_inv * b_inv``, plus bias in float32, rounded once to ``out_dtype``. Autocast is
-    switched off inside, so the matmul stays float32 even when called under BF16 autocast."""
+    times ``a_inv * b_inv`` (a rounding), plus bias in float32, rounded to ``out_dtype``. It is an
+    emulation, not an exact result: float32 sums, whatever the recipe's accumulation setting.
+    Autocast is switched off inside, so the matmul stays float32 even under BF16 autocast."""
     with torch.autocast(a.device.type, enabled=False):
         out = (a.float() @ b.float()) * (a_inv.float() * b_inv.float())
         return (out if bias is None else out + bias.float()).to(out_dtype)

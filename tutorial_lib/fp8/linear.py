@@ -13,8 +13,14 @@ As in TE, the output's amax (column GEMM1_OUTPUT) is recorded only when the outp
 and grad_input's (GRAD_INPUT1) only when grad_input is FP8; here neither is, so those columns
 stay zero and their scales stay 1.
 
-The GEMMs run in ``fp8.gemm.scaled_gemm``: ``torch._scaled_mm`` on FP8 GPUs (sm_89+), an exact
-FP32 emulation (``emulated_gemm``) everywhere else, never ``_scaled_mm`` on a CPU.
+Activation checkpointing goes through ``fp8.checkpoint`` (``recompute``): its recompute replays
+each call with the scales the first forward used and records no amax.
+
+The GEMMs run in ``fp8.gemm.scaled_gemm``: ``torch._scaled_mm`` on FP8 GPUs (sm_89+), an FP32
+emulation (``emulated_gemm``: exact FP8 products, float32 sums, scales applied to the sum, so it
+rounds as a float32 GEMM does) everywhere else, never ``_scaled_mm`` on a CPU. Accumulation
+follows the recipe (``DelayedScaling.fp8_gemm_fprop``/``_dgrad``/``_wgrad``, TE's defaults:
+fast accumulation forward, split backward); the emulation always sums in float32.
 
 State: the forward/backward scaling state lives in six float32 buffers (``fp8_amax_history_fwd``
 (L, 3), ``fp8_scale_fwd`` (3,), ``fp8_scale_inv_fwd`` (3,) and the ``_bwd`` ones with 2 columns),
@@ -25,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,20 +39,28 @@ from torch import nn
 
 from ..hardware import cuda_capability
 from .autocast import FP8AutocastState, _BackwardStep, get_autocast_state, register_fp8_run
+from .ddp import exclude_fp8_from_ddp
 from .formats import quantize
 from .gemm import scaled_gemm
+from .recompute import _Call, check_not_plain_checkpoint, record_call, replay_call
 from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, GRAD_OUTPUT1, FP8ModuleState, ScalingMeta
 from .stats import QuantStats, quant_stats
 
 __all__ = [
     "FP8Linear",
     "FP8_MIN_CC",
+    "FP8_SHAPE_RULE",
     "convert_to_fp8",
     "convertible_linears",
     "fp8_layer_problems",
 ]
 
 FP8_MIN_CC = (8, 9)  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90)
+# TE's shape rule for an FP8 GEMM operand (``assert_dim_for_fp8_exec``, pytorch/utils.py).
+FP8_SHAPE_RULE = (
+    "FP8 GEMMs follow Transformer Engine's shape rule: for the input and the weight, the product "
+    "of all dimensions but the last must be divisible by 8 and the last dimension by 16"
+)
 _BUFFERS = {
     "forward": ("fp8_amax_history_fwd", "fp8_scale_fwd", "fp8_scale_inv_fwd"),
     "backward": ("fp8_amax_history_bwd", "fp8_scale_bwd", "fp8_scale_inv_bwd"),
@@ -73,14 +87,18 @@ class _FP8LinearFunction(torch.autograd.Function):
         out_dtype: torch.dtype,
         emulate: bool,
         step: _BackwardStep | None,
+        replay: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         fmt = fp8.recipe.fwd_format
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, x.shape[-1])
-            x_fp8, x_inv = module._quantize("input", x2, fmt, fp8.collect_stats)
-            w_fp8, w_inv = module._quantize("weight", weight, fmt, fp8.collect_stats)
+            x_fp8, x_inv = module._quantize("input", x2, fmt, fp8.collect_stats, replay)
+            w_fp8, w_inv = module._quantize("weight", weight, fmt, fp8.collect_stats, replay)
             b = None if bias is None else bias.to(out_dtype)
-            out = scaled_gemm(x_fp8, x_inv, w_fp8.t(), w_inv, b, out_dtype, emulate)
+            fast = fp8.recipe.fp8_gemm_fprop.use_fast_accum  # TE: fast accumulation in fprop
+            out = scaled_gemm(
+                x_fp8, x_inv, w_fp8.t(), w_inv, b, out_dtype, emulate, use_fast_accum=fast
+            )
         ctx.save_for_backward(x_fp8, w_fp8, x_inv, w_inv)
         ctx.module, ctx.fp8, ctx.step, ctx.emulate = module, fp8, step, emulate
         ctx.x_shape, ctx.x_dtype, ctx.out_dtype = x.shape, x.dtype, out_dtype
@@ -97,17 +115,24 @@ class _FP8LinearFunction(torch.autograd.Function):
             fmt, stats = ctx.fp8.recipe.bwd_format, ctx.fp8.collect_stats
             emulate = ctx.emulate
             g_fp8, g_inv = ctx.module._quantize("grad_output", g, fmt, stats)
+            recipe = ctx.fp8.recipe  # TE: split accumulation for dgrad and wgrad
             if need_x:
-                dgrad = scaled_gemm(g_fp8, g_inv, w_fp8, w_inv, None, ctx.out_dtype, emulate)
+                fast = recipe.fp8_gemm_dgrad.use_fast_accum
+                dgrad = scaled_gemm(
+                    g_fp8, g_inv, w_fp8, w_inv, None, ctx.out_dtype, emulate, use_fast_accum=fast
+                )
                 dgrad = dgrad.reshape(ctx.x_shape).to(ctx.x_dtype)
             if need_w:
-                wgrad = scaled_gemm(g_fp8.t(), g_inv, x_fp8, x_inv, None, torch.float32, emulate)
+                fast, f32 = recipe.fp8_gemm_wgrad.use_fast_accum, torch.float32
+                wgrad = scaled_gemm(
+                    g_fp8.t(), g_inv, x_fp8, x_inv, None, f32, emulate, use_fast_accum=fast
+                )
                 wgrad = wgrad.to(ctx.w_dtype)
             if need_b and ctx.b_dtype is not None:
                 bgrad = g.float().sum(0).to(ctx.b_dtype)
-        if ctx.step is not None:  # the region's first FP8 module: its backward runs last
+        if ctx.step is not None:  # the region's first FP8 module needing grad: backward runs last
             ctx.step.update()
-        return dgrad, wgrad, bgrad, None, None, None, None, None
+        return dgrad, wgrad, bgrad, None, None, None, None, None, None
 
 
 # ---- the module --------------------------------------------------------------------------------
@@ -119,16 +144,22 @@ class FP8Linear(nn.Linear):
     FP8:
         amax_history_len: rows of the scaling history; it follows the recipe of the region it
             runs in (truncated or zero-padded, as TE's ``adjust_amax_history_length``).
-        emulate: True allows the exact emulation path on CUDA GPUs without FP8 tensor cores
+        emulate: True allows the FP32 emulation path on CUDA GPUs without FP8 tensor cores
             (a CPU always emulates); None defers to ``autocast(emulate=...)``.
         collect_stats: record ``fp8_stats()`` at every quantize (costs a few passes per tensor).
-    Shapes (TE's rules): in_features and out_features multiples of 16; in FP8, the product of
-        the input's leading dimensions (tokens) a multiple of 8. Else a ValueError naming the
-        layer (``fp8_name``, set by ``convert_to_fp8``).
+    Shapes (TE's rule, ``FP8_SHAPE_RULE``): in FP8, the input (..., in_features) and the weight
+        (out_features, in_features) each need the product of their leading dimensions divisible
+        by 8 and their last dimension by 16: in_features a multiple of 16, out_features and the
+        token count (the input's leading dimensions multiplied) multiples of 8. Else a
+        ValueError naming the layer (``fp8_name``, set by ``convert_to_fp8``) and the rule.
     Loading a state dict: a plain ``nn.Linear`` one (no FP8 entries at all) loads strictly and
         keeps the current scaling state; a partial one, or one whose history length differs,
         fails with a message saying what to do.
+    Under DDP: the six buffers (``FP8_STATE_BUFFERS``) stay out of its buffer broadcast
+        (``fp8.ddp.exclude_fp8_from_ddp``; ``convert_to_fp8`` calls it).
     """
+
+    FP8_STATE_BUFFERS: ClassVar[tuple[str, ...]] = tuple(n for ns in _BUFFERS.values() for n in ns)
 
     def __init__(
         self,
@@ -213,30 +244,54 @@ class FP8Linear(nn.Linear):
     # safely. The ops around the layer (LayerNorm, GELU, residual adds) still get compiled.
     @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        call = replay_call(self)  # inside fp8.checkpoint's recompute: repeat the recorded call
+        if call is not None:
+            return self._replay(x, call)
         fp8 = get_autocast_state()
         if fp8 is None or not (fp8.enabled or fp8.calibrating):
+            record_call(self)
             return F.linear(x, self.weight, self.bias)
         self._ensure_history_len(fp8.recipe.amax_history_len)
-        if not fp8.enabled:  # calibration: high precision, amaxes of input and weight only
-            self.fp8_state.forward.record_amax(GEMM1_INPUT, x)
-            self.fp8_state.forward.record_amax(GEMM1_WEIGHT, self.weight)
+        if not fp8.enabled:  # calibration: high precision; row 0 <- this batch's amaxes (TE)
+            record_call(self)
+            self.fp8_state.forward.calibrate_amax(GEMM1_INPUT, x)
+            self.fp8_state.forward.calibrate_amax(GEMM1_WEIGHT, self.weight)
             return F.linear(x, self.weight, self.bias)
         self._check_fp8_shapes(x)
+        check_not_plain_checkpoint(self._layer_name())
         emulate = self._resolve_emulate(x.device, fp8)
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-        step = register_fp8_run(self.fp8_state, fp8)
+        record_call(self, fp8, out_dtype, emulate, self.fp8_state.forward)
+        params = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)
+        step = register_fp8_run(self.fp8_state, fp8, any(t.requires_grad for t in params))
         fp8 = fp8 if fp8.collect_stats or not self.collect_stats else _with_stats(fp8)
         return _FP8LinearFunction.apply(
-            x, self.weight, self.bias, self, fp8, out_dtype, emulate, step
+            x, self.weight, self.bias, self, fp8, out_dtype, emulate, step, None
         )
 
+    def _replay(self, x: torch.Tensor, call: _Call) -> torch.Tensor:
+        """A checkpoint recompute: the recorded call again, with its scales, recording nothing."""
+        fp8, out_dtype, scales = call.fp8, call.out_dtype, call.scales
+        if fp8 is None or out_dtype is None or scales is None:
+            return F.linear(x, self.weight, self.bias)
+        w, b = self.weight, self.bias
+        return _FP8LinearFunction.apply(x, w, b, self, fp8, out_dtype, call.emulate, None, scales)
+
     def _quantize(
-        self, name: str, x: torch.Tensor, fmt: Any, collect_stats: bool
+        self,
+        name: str,
+        x: torch.Tensor,
+        fmt: Any,
+        collect_stats: bool,
+        replay: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Quantize with the current scale, record amax into row 0; (fp8 tensor, scale_inv)."""
+        """Quantize with the current scale, record amax into row 0; (fp8 tensor, scale_inv).
+        ``replay`` (a checkpoint recompute): the recorded forward scales; nothing recorded."""
         direction, index = _STAT_SLOTS[name]
         meta: ScalingMeta = getattr(self.fp8_state, direction)
+        if replay is not None:
+            return quantize(x, fmt, replay[0][index]), replay[1][index].clone()
         scale = meta.scale[index]
         q = quantize(x, fmt, scale)
         meta.record_amax(index, x)
@@ -253,14 +308,14 @@ class FP8Linear(nn.Linear):
         if tokens % 8:
             problems.append(
                 f"the input's leading dimensions {tuple(x.shape[:-1])} multiply to "
-                f"{tokens}, not a multiple of 8"
+                f"{tokens}, not divisible by 8"
             )
         if problems:
             raise ValueError(
                 f"FP8 GEMM shape error in layer {self._layer_name()}: "
                 + "; ".join(problems)
-                + ". FP8 GEMMs need in/out features that are multiples of 16 and a token count "
-                "(batch x sequence) that is a multiple of 8: choose such sizes or pad."
+                + f". {FP8_SHAPE_RULE}: in_features a multiple of 16, out_features and the token "
+                "count (batch x sequence) multiples of 8. Choose such sizes or pad."
             )
 
     def _resolve_emulate(self, device: torch.device, fp8: FP8AutocastState) -> bool:
@@ -348,10 +403,11 @@ def _with_stats(fp8: FP8AutocastState) -> FP8AutocastState:
 
 
 def _weight_problems(in_features: int, out_features: int) -> list[str]:
+    """TE's rule (``FP8_SHAPE_RULE``) for the weight (out_features, in_features)."""
     return [
-        f"{what} = {n} is not a multiple of 16"
-        for what, n in (("in_features", in_features), ("out_features", out_features))
-        if n % 16
+        f"{what} = {n} is not divisible by {k}"
+        for what, n, k in (("in_features", in_features, 16), ("out_features", out_features, 8))
+        if n % k
     ]
 
 
@@ -376,7 +432,8 @@ def convertible_linears(
 
 
 def fp8_layer_problems(model: nn.Module, include_lm_head: bool = False) -> list[str]:
-    """``"name: in -> out (why)"`` for every Linear ``convert_to_fp8`` would swap but cannot."""
+    """``"name: in -> out (why)"`` for every Linear ``convert_to_fp8`` would swap but whose weight
+    breaks TE's shape rule (``FP8_SHAPE_RULE``: in_features % 16, out_features % 8)."""
     return [
         f"{name}: {m.in_features} -> {m.out_features} ({'; '.join(problems)})"
         for name, m in convertible_linears(model, include_lm_head)
@@ -397,13 +454,15 @@ def convert_to_fp8(
     embeddings, subclasses of nn.Linear, and, unless ``include_lm_head``, a Linear whose weight
     is shared or that is named ``lm_head`` (the GPT's tied head is ``F.linear`` on the embedding,
     so it is never a module). All layers with illegal shapes are listed in one ValueError.
+    The FP8 buffers go on ``model``'s DDP ignore list (``fp8.ddp``), so ``DDP(model)`` keeps
+    each rank's scaling state; ranks share amaxes through the autocast's amax reduction.
     """
     targets = convertible_linears(model, include_lm_head)
     problems = fp8_layer_problems(model, include_lm_head)
     if problems:
         raise ValueError(
-            "convert_to_fp8: FP8 GEMMs need Linear in/out features that are multiples of 16; "
-            "these layers are not: "
+            f"convert_to_fp8: {FP8_SHAPE_RULE}, so a Linear's in_features must be a multiple "
+            "of 16 and its out_features a multiple of 8; these layers break it: "
             + "; ".join(problems)
             + ". Choose widths that are multiples of 16 (e.g. n_embd 32, 64, 128) or pad."
         )
@@ -418,4 +477,5 @@ def convert_to_fp8(
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, new)
+    exclude_fp8_from_ddp(model)  # DDP(model) must not broadcast rank 0's FP8 state (fp8.ddp)
     return model

@@ -51,7 +51,7 @@ def check_fp8_device(device: torch.device | str, emulate: bool | None = None) ->
         raise RuntimeError(
             f"The {FP8_POLICY_NAME!r} precision policy needs FP8 tensor cores (sm_89+: Ada or "
             f"Hopper); {name} is sm_{cc[0]}{cc[1]}. Use 'bf16', or "
-            "opt in to the exact emulation (no FP8 speed): make_fp8_policy(emulate=True) (or "
+            "opt in to the FP32 emulation (no FP8 speed): make_fp8_policy(emulate=True) (or "
             "tutorial_lib.fp8.autocast(emulate=True) / FP8Linear(..., emulate=True))."
         )
 

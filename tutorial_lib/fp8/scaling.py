@@ -26,6 +26,7 @@ from .formats import FP8Format
 __all__ = [
     "Format",
     "DelayedScaling",
+    "MMParams",
     "AmaxAlgo",
     "FP8FwdTensors",
     "FP8BwdTensors",
@@ -105,6 +106,30 @@ GRAD_OUTPUT1, GRAD_INPUT1 = 0, 1  # = FP8BwdTensors.GRAD_*1
 FWD_TENSORS_PER_GEMM, BWD_TENSORS_PER_GEMM = 3, 2
 
 
+@dataclass(frozen=True)
+class MMParams:
+    """Options of one FP8 GEMM (TE's ``MMParams``, ``transformer_engine/common/recipe``).
+
+    use_split_accumulator: True (TE's default for the class): the tensor cores' partial sums
+        are promoted into a float32 accumulator at intervals (cuBLASLt without
+        ``CUBLASLT_MATMUL_DESC_FAST_ACCUM``). False: fast accumulation, the whole sum in the
+        FP8 tensor cores' own accumulator, which keeps fewer bits (faster, less precise).
+        ``torch._scaled_mm`` gets ``use_fast_accum = not use_split_accumulator``.
+    """
+
+    use_split_accumulator: bool = True
+
+    def __post_init__(self) -> None:
+        split = self.use_split_accumulator
+        if not isinstance(split, bool):
+            raise TypeError(f"MMParams.use_split_accumulator must be a bool, got {split!r}.")
+
+    @property
+    def use_fast_accum(self) -> bool:
+        """``torch._scaled_mm``'s flag: fast accumulation is the opposite of split."""
+        return not self.use_split_accumulator
+
+
 @dataclass
 class DelayedScaling:
     """The delayed-scaling recipe: scales from the amax history of earlier steps.
@@ -124,6 +149,16 @@ class DelayedScaling:
             update, so that every rank gets the same scales.
     Attention (accepted for TE compatibility; unused here):
         fp8_dpa: FP8 dot-product attention. fp8_mha: FP8 multi-head attention.
+    GEMM accumulation (an ``MMParams`` per GEMM of ``FP8Linear``):
+        fp8_gemm_fprop: the forward GEMM, default ``MMParams(use_split_accumulator=False)``
+            (fast accumulation). fp8_gemm_dgrad, fp8_gemm_wgrad: the input- and weight-gradient
+            GEMMs, default ``MMParams(use_split_accumulator=True)`` (sums promoted to float32).
+        These are what TE runs under delayed scaling: its ``DelayedScaling`` has no such fields
+        and its modules use ``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True``
+        (``pytorch/module/base.py``); the field names and ``MMParams`` are those of TE's
+        ``Float8CurrentScaling``, whose defaults are the same. On a GPU they reach
+        ``torch._scaled_mm(use_fast_accum=...)``; the CPU emulation always sums in float32
+        (``fp8.gemm``), so there they change nothing.
     TE also takes ``scaling_factor_compute_algo`` (a custom amax -> scale function); this
     package always uses the built-in rule (``update_amax_and_scale``).
     """
@@ -135,8 +170,14 @@ class DelayedScaling:
     reduce_amax: bool = True
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    fp8_gemm_fprop: MMParams = MMParams(use_split_accumulator=False)
+    fp8_gemm_dgrad: MMParams = MMParams(use_split_accumulator=True)
+    fp8_gemm_wgrad: MMParams = MMParams(use_split_accumulator=True)
 
     def __post_init__(self) -> None:
+        for gemm in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+            if not isinstance(getattr(self, gemm), MMParams):
+                raise TypeError(f"{gemm} must be an MMParams, got {getattr(self, gemm)!r}.")
         if not isinstance(self.fp8_format, Format):
             raise TypeError(f"fp8_format must be a Format, got {self.fp8_format!r}.")
         if self.fp8_format is Format.E5M2:
@@ -321,6 +362,20 @@ class ScalingMeta:
         amax = torch.where(torch.isnan(a), 0.0, a).amax() if a.numel() else a.new_zeros(())
         slot = self.amax_history[0, index]
         slot.copy_(torch.maximum(slot, amax.to(slot.device)))
+
+    def calibrate_amax(self, index: int, tensor: torch.Tensor) -> None:
+        """Overwrite row 0, column ``index``, with ``max|tensor|``: calibration (TE's
+        ``Float8Quantizer.calibrate``: ``max(-amin, amax)`` of ``aminmax``, copied into the
+        history slot). Unlike ``record_amax`` the latest batch wins (no running max) and a NaN
+        element makes the slot NaN; an empty tensor writes 0.
+        """
+        t = tensor.detach()
+        if t.numel():
+            amin, amax = torch.aminmax(t)
+            value = torch.maximum(-amin, amax).to(torch.float32)
+        else:
+            value = t.new_zeros((), dtype=torch.float32)
+        self.amax_history[0, index].copy_(value.to(self.amax_history.device))
 
     def update(
         self, recipe: DelayedScaling, fp8_max: float, reduced_amax: torch.Tensor | None = None

@@ -117,9 +117,10 @@ class TELayers(TorchLayers):
 
 # ---- converting a built model ------------------------------------------------------------------
 def fp8_shape_problems(model: nn.Module) -> list[str]:
-    """Linear layers ``convert_to_te`` would swap whose shapes TE's FP8 GEMMs refuse (both weight
-    dimensions must be multiples of 16; the token count, a multiple of 8, only the input shows).
-    The same rule and wording as our own ``fp8_layer_problems``."""
+    """Linear layers ``convert_to_te`` would swap whose shapes TE's FP8 GEMMs refuse
+    (``assert_dim_for_fp8_exec`` on the weight: in_features divisible by 16, out_features by 8;
+    the token count, divisible by 8, only the input shows). The same rule and wording as our own
+    ``fp8_layer_problems`` (``FP8_SHAPE_RULE``)."""
     return fp8_layer_problems(model)
 
 
@@ -176,7 +177,8 @@ def convert_to_te(
     problems = fp8_shape_problems(model)
     if problems:
         raise ValueError(
-            "TE's FP8 GEMMs need Linear dimensions divisible by 16; these are not: "
+            "TE's FP8 GEMMs need a Linear's in_features divisible by 16 and its out_features "
+            "divisible by 8 (TE's assert_dim_for_fp8_exec); these layers are not: "
             + "; ".join(problems)
             + ". Pick n_embd as a multiple of 16 (e.g. GPTConfig.from_name('tiny'))."
         )

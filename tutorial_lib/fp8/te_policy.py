@@ -29,6 +29,7 @@ from .te_convert import convert_to_te
 __all__ = [
     "TE_POLICY_NAME",
     "TE_FUSED_POLICY_NAME",
+    "TE_DELAYED_SPLIT_ACCUMULATOR",
     "te_recipe_kwargs",
     "te_recipe",
     "te_autocast",
@@ -45,6 +46,13 @@ _TE_FORMATS = ("E4M3", "HYBRID")  # what TE's DelayedScaling accepts (it rejects
 
 # ---- recipe and autocast -----------------------------------------------------------------------
 _RECIPE_FIELDS = ("margin", "fp8_format", "amax_history_len", "amax_compute_algo", "reduce_amax")
+# TE's DelayedScaling has no accumulation fields: its modules run the forward GEMM with fast
+# accumulation and dgrad/wgrad with split accumulation (_2X_ACC_* in pytorch/module/base.py).
+TE_DELAYED_SPLIT_ACCUMULATOR = {
+    "fp8_gemm_fprop": False,
+    "fp8_gemm_dgrad": True,
+    "fp8_gemm_wgrad": True,
+}
 
 
 def te_recipe_kwargs(recipe: object) -> dict[str, Any]:
@@ -52,7 +60,8 @@ def te_recipe_kwargs(recipe: object) -> dict[str, Any]:
 
     ``fp8_format`` comes back as the *name* of a TE ``Format`` member (``"HYBRID"`` or
     ``"E4M3"``), so this runs without TE. Our ``E5M2`` is refused: TE's ``DelayedScaling``
-    rejects pure E5M2 training.
+    rejects pure E5M2 training. So is a GEMM accumulation other than TE's fixed one
+    (``TE_DELAYED_SPLIT_ACCUMULATOR``), which TE's recipe cannot express.
     """
     missing = [f for f in _RECIPE_FIELDS if not hasattr(recipe, f)]
     if missing:
@@ -60,6 +69,14 @@ def te_recipe_kwargs(recipe: object) -> dict[str, Any]:
             f"{type(recipe).__name__} is not a delayed-scaling recipe: it lacks {missing}. "
             "Pass tutorial_lib.fp8.scaling.DelayedScaling (or TE's own recipe)."
         )
+    for gemm, split in TE_DELAYED_SPLIT_ACCUMULATOR.items():
+        params = getattr(recipe, gemm, None)
+        if getattr(params, "use_split_accumulator", split) != split:
+            raise ValueError(
+                f"{gemm}={params!r}: TE's DelayedScaling fixes the accumulation (fast for the "
+                "forward GEMM, split for dgrad and wgrad) and takes no such setting, so the "
+                "te-fp8 policies need the defaults; use the fp8 policy to try another."
+            )
     fmt = recipe.fp8_format  # type: ignore[attr-defined]
     name = str(getattr(fmt, "name", fmt)).upper()
     if name == "E5M2":

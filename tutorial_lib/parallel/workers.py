@@ -18,6 +18,7 @@ from torch import nn
 
 from ..config import GPTConfig
 from ..data import TokenData
+from ..fp8 import DelayedScaling, FP8Linear, autocast, convert_to_fp8
 from ..model import GPT
 from ..train import TrainConfig
 from . import comm
@@ -33,6 +34,7 @@ __all__ = [
     "operators_check",
     "parallel_linear_check",
     "tp_train_steps",
+    "fp8_ddp_steps",
     "raise_on_rank",
 ]
 
@@ -199,6 +201,49 @@ def tp_train_steps(
     finally:
         torch.set_default_dtype(default)
     return {"history": history, "state_dict": trainer.state_dict()["model"]}
+
+
+def fp8_ddp_steps(
+    rank: int,
+    world_size: int,
+    amaxes: Sequence[Sequence[float]],
+    cases: dict[str, tuple[bool, bool]],
+) -> dict[str, dict[str, list[float]]]:
+    """Per case ``name: (reduce_amax, exclude)``: FP8 steps of one ``FP8Linear`` (16 -> 16,
+    history 4) under ``DistributedDataParallel`` with its defaults (``broadcast_buffers=True``).
+    Step s feeds this rank a batch whose amax is ``amaxes[rank][s]``. ``exclude=False`` empties
+    the DDP ignore list that ``convert_to_fp8`` fills (``fp8.ddp``), as for a model without that
+    handling. Returns the input column of the forward history, the input scale at the end, and
+    the input scale each forward pass quantized with."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = {}
+    for name, (reduce_amax, exclude) in cases.items():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 16))
+        convert_to_fp8(model, amax_history_len=4)
+        if not exclude:
+            setattr(model, "_ddp_params_and_buffers_to_ignore", [])  # noqa: B010
+        layer = model[0]
+        assert isinstance(layer, FP8Linear)
+        used: list[float] = []  # read after DDP's broadcast, before the layer quantizes
+        layer.register_forward_pre_hook(
+            lambda m, args, layer=layer, used=used: used.append(
+                layer.fp8_state.forward.scale[0].item()
+            )
+        )
+        ddp = DistributedDataParallel(model)
+        recipe = DelayedScaling(amax_history_len=4, reduce_amax=reduce_amax)
+        for amax in amaxes[rank]:
+            with autocast(recipe=recipe):
+                y = ddp(torch.full((8, 16), float(amax)))
+            y.sum().backward()
+        out[name] = {
+            "history": layer.fp8_state.forward.amax_history[:, 0].tolist(),
+            "scale": [layer.fp8_state.forward.scale[0].item()],
+            "scale_used": used,
+        }
+    return out
 
 
 def raise_on_rank(rank: int, world_size: int, bad_rank: int) -> int:

@@ -1,0 +1,131 @@
+"""GEMM accumulation as a recipe setting (issue 17, section 1): TE's delayed-scaling defaults
+(fast accumulation forward, split for dgrad and wgrad) reach ``torch._scaled_mm``'s
+``use_fast_accum``; the CPU emulation ignores the flag. Nothing here runs ``_scaled_mm``."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tutorial_lib.fp8 import (
+    E4M3,
+    DelayedScaling,
+    FP8Linear,
+    MMParams,
+    autocast,
+    emulated_gemm,
+    gemm,
+    linear,
+    quantize,
+    scaled_gemm,
+)
+from tutorial_lib.fp8.te_policy import TE_DELAYED_SPLIT_ACCUMULATOR, te_recipe_kwargs
+
+
+def test_recipe_defaults_are_te_delayed_scaling_accumulation() -> None:
+    recipe = DelayedScaling()
+    assert recipe.fp8_gemm_fprop == MMParams(use_split_accumulator=False)
+    assert recipe.fp8_gemm_dgrad == recipe.fp8_gemm_wgrad == MMParams(use_split_accumulator=True)
+    assert recipe.fp8_gemm_fprop.use_fast_accum and not recipe.fp8_gemm_dgrad.use_fast_accum
+    with pytest.raises(TypeError, match="fp8_gemm_dgrad must be an MMParams"):
+        DelayedScaling(fp8_gemm_dgrad=True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be a bool"):
+        MMParams(use_split_accumulator=1)  # type: ignore[arg-type]
+
+
+def _spy_gemms(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], bool]]:
+    """Record (output shape, use_fast_accum) of every GEMM FP8Linear runs; compute it with the
+    real function (the CPU emulation)."""
+    seen: list[tuple[tuple[int, ...], bool]] = []
+    signature = inspect.signature(scaled_gemm)
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        out = scaled_gemm(*args, **kwargs)
+        seen.append((tuple(out.shape), bound.arguments["use_fast_accum"]))
+        return out
+
+    monkeypatch.setattr(linear, "scaled_gemm", spy)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("recipe", "fprop", "dgrad", "wgrad"),
+    [
+        (DelayedScaling(amax_history_len=4), True, False, False),  # TE's delayed scaling
+        (
+            DelayedScaling(
+                amax_history_len=4,
+                fp8_gemm_fprop=MMParams(use_split_accumulator=True),
+                fp8_gemm_wgrad=MMParams(use_split_accumulator=False),
+            ),
+            False,
+            False,
+            True,
+        ),
+    ],
+    ids=["te-defaults", "override"],
+)
+def test_fp8linear_passes_the_recipe_accumulation_to_each_gemm(
+    monkeypatch: pytest.MonkeyPatch, recipe: DelayedScaling, fprop: bool, dgrad: bool, wgrad: bool
+) -> None:
+    seen = _spy_gemms(monkeypatch)
+    layer = FP8Linear(48, 32, amax_history_len=4)
+    x = torch.randn(16, 48, requires_grad=True)
+    with autocast(recipe=recipe):
+        out = layer(x)
+    out.sum().backward()
+    # forward y (16, 32), dgrad dx (16, 48), wgrad dW (32, 48)
+    assert seen == [((16, 32), fprop), ((16, 48), dgrad), ((32, 48), wgrad)]
+
+
+def test_scaled_gemm_gives_scaled_mm_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path (forced here on CPU tensors) passes ``use_fast_accum`` to a stand-in for
+    ``torch._scaled_mm``; the emulation path takes the flag and ignores it."""
+    calls: list[dict[str, Any]] = []
+
+    def fake_scaled_mm(a: torch.Tensor, b: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        calls.append(kwargs)
+        return emulated_gemm(a, kwargs["scale_a"], b, kwargs["scale_b"], None, kwargs["out_dtype"])
+
+    g = torch.Generator().manual_seed(0)
+    a = quantize(torch.randn(32, 48, generator=g), E4M3, torch.tensor(2.0))
+    b = quantize(torch.randn(48, 16, generator=g), E4M3, torch.tensor(4.0))
+    inv = torch.tensor(0.5), torch.tensor(0.25)
+    want = emulated_gemm(a, inv[0], b, inv[1])
+    for fast in (True, False):  # emulation: same result, whatever the flag
+        assert torch.equal(scaled_gemm(a, inv[0], b, inv[1], use_fast_accum=fast), want)
+    monkeypatch.setattr(gemm, "_on_fp8_units", lambda a, b: True)
+    monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
+    for fast in (True, False):
+        scaled_gemm(a, inv[0], b, inv[1], use_fast_accum=fast)
+    scaled_gemm(a, inv[0], b, inv[1])
+    assert [c["use_fast_accum"] for c in calls] == [True, False, False]  # default: split
+
+
+def test_te_policy_refuses_an_accumulation_te_cannot_express() -> None:
+    assert "fp8_gemm_fprop" not in te_recipe_kwargs(DelayedScaling())  # TE's defaults: accepted
+    odd = DelayedScaling(fp8_gemm_fprop=MMParams(use_split_accumulator=True))
+    with pytest.raises(ValueError, match="fp8_gemm_fprop.*TE's DelayedScaling fixes"):
+        te_recipe_kwargs(odd)
+
+
+def test_te_source_fixes_the_delayed_scaling_accumulation() -> None:
+    """The defaults mirror TE's module constants (``pytorch/module/base.py``) in both TE
+    versions the contract test pins; skipped without the cached source."""
+    root = Path(__file__).resolve().parents[1] / ".cache" / "te"
+    for version in ("2.9.0", "2.20.2"):
+        base = root / version / "transformer_engine" / "pytorch" / "module" / "base.py"
+        if not base.is_file():
+            pytest.skip(f"no cached TE {version} source (scripts/fetch_te_source.py)")
+        source = base.read_text()
+        want = TE_DELAYED_SPLIT_ACCUMULATOR
+        for gemm_name, constant in (("fprop", "FPROP"), ("dgrad", "DGRAD"), ("wgrad", "WGRAD")):
+            split = want[f"fp8_gemm_{gemm_name}"]
+            assert f"_2X_ACC_{constant} = {split}" in source, (version, constant)
+            assert getattr(DelayedScaling(), f"fp8_gemm_{gemm_name}").use_split_accumulator is split

@@ -1,0 +1,302 @@
+"""Transformer Engine's FP8 ``_extra_state`` without pickle (issue 17, section 1), on the CPU and
+without TE: the converter against TE-format dicts built by hand from TE's source
+(``get_extra_state`` in ``pytorch/module/base.py``, TE 2.9 and 2.20), and checkpoints of a model
+holding a stand-in TE module whose extra state is pickled and guarded as TE >= 2.18's is."""
+
+from __future__ import annotations
+
+import enum
+import io
+import os
+import pickle
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tutorial_lib.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_model_state_dict,
+    model_state_dict,
+    save_checkpoint,
+)
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import TokenData
+from tutorial_lib.fp8 import DelayedScaling, Format, FP8ModuleState, ScalingMeta
+from tutorial_lib.fp8.te_state import (
+    TE_STATE_FORMAT,
+    TE_UNSAFE_PICKLE_ENV,
+    from_te_extra_state,
+    te_extra_state,
+    to_te_extra_state,
+)
+from tutorial_lib.model import GPT
+from tutorial_lib.train import TrainConfig, Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+L = 4  # history length
+
+
+# ---- a stand-in for TE's recipe and a TE module (the parts the extra state touches) ----------
+class _TEFormat(enum.Enum):
+    E4M3 = 448.0
+    HYBRID = (448.0, 57344.0)
+
+
+@dataclass
+class _TEDelayedScaling:
+    margin: int = 0
+    fp8_format: _TEFormat = _TEFormat.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: Any = "max"
+    reduce_amax: bool = True
+
+    @classmethod
+    def delayed(cls) -> bool:
+        return True
+
+
+class _TELinear(nn.Linear):
+    """``fp8_meta``, ``init_fp8_meta_tensors`` and extra state as in TE's base module: the extra
+    state is a pickled uint8 tensor, and loading a non-empty one is refused unless the opt-in
+    variable is set (TE >= 2.18, ``_extra_state.should_load_extra_state_pickle``)."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__(n_in, n_out)
+        self.fp8_meta: dict[str, Any] = {"fp8_checkpoint": False, "fp8_group": None}
+
+    def init_fp8_meta_tensors(self, recipe: _TEDelayedScaling) -> None:
+        n = self.fp8_meta["num_gemms"]
+        for key, per_gemm in (("scaling_fwd", 3), ("scaling_bwd", 2)):
+            self.fp8_meta[key] = types.SimpleNamespace(
+                scale=torch.ones(per_gemm * n),
+                amax_history=torch.zeros(recipe.amax_history_len, per_gemm * n),
+            )
+
+    def get_extra_state(self) -> torch.Tensor:
+        if "recipe" not in self.fp8_meta:
+            return torch.empty(0, dtype=torch.uint8)
+        state = {"recipe": self.fp8_meta["recipe"]}
+        for d in ("fwd", "bwd"):
+            state[f"scale_{d}"] = self.fp8_meta[f"scaling_{d}"].scale.clone()
+            state[f"amax_history_{d}"] = self.fp8_meta[f"scaling_{d}"].amax_history.clone()
+        state["extra_fp8_variables"] = {
+            k: v
+            for k, v in self.fp8_meta.items()
+            if isinstance(v, bool | int | float | str | tuple | list)
+        }
+        return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
+
+    def set_extra_state(self, state: Any) -> None:
+        if not isinstance(state, torch.Tensor):
+            raise RuntimeError("Unsupported checkpoint format.")
+        if state.numel() == 0:
+            return
+        if os.environ.get(TE_UNSAFE_PICKLE_ENV) != "1":
+            raise RuntimeError("Refusing to load pickled Transformer Engine extra state.")
+        loaded = pickle.loads(state.numpy().tobytes())
+        self.fp8_meta.update(loaded["extra_fp8_variables"])
+        self.fp8_meta["recipe"] = loaded["recipe"]
+        self.init_fp8_meta_tensors(loaded["recipe"])
+        for d in ("fwd", "bwd"):
+            self.fp8_meta[f"scaling_{d}"].scale.copy_(loaded[f"scale_{d}"])
+            self.fp8_meta[f"scaling_{d}"].amax_history.copy_(loaded[f"amax_history_{d}"])
+
+    def fake_fp8_run(self, seed: int) -> None:
+        """Leave the state a few FP8 steps would: TE's recipe, history, scales."""
+        self.fp8_meta.update(
+            num_gemms=1, fp8_checkpoint=True, fp8_max_fwd=448.0, fp8_max_bwd=57344.0
+        )
+        self.fp8_meta["recipe"] = _TEDelayedScaling(margin=1, amax_history_len=L)
+        self.init_fp8_meta_tensors(self.fp8_meta["recipe"])
+        g = torch.Generator().manual_seed(seed)
+        for d in ("fwd", "bwd"):
+            meta = self.fp8_meta[f"scaling_{d}"]
+            meta.amax_history.copy_(torch.rand(meta.amax_history.shape, generator=g) * 10)
+            meta.scale.copy_(448.0 / meta.amax_history.amax(0).clamp(min=1e-3))
+
+
+@pytest.fixture
+def te_recipe_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Just enough ``transformer_engine`` for ``te_recipe`` (TE's DelayedScaling from ours)."""
+    root, common = types.ModuleType("transformer_engine"), types.ModuleType("_common")
+    pytorch, recipe = types.ModuleType("_pytorch"), types.ModuleType("_recipe")
+    recipe.DelayedScaling, recipe.Format = _TEDelayedScaling, _TEFormat
+    for name, module in {
+        "transformer_engine": root,
+        "transformer_engine.pytorch": pytorch,
+        "transformer_engine.common": common,
+        "transformer_engine.common.recipe": recipe,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    yield
+
+
+def _te_format_dict() -> dict[str, Any]:
+    """What TE's ``get_extra_state`` pickles for a ``te.Linear`` (one GEMM), built by hand."""
+    g = torch.Generator().manual_seed(7)
+    return {
+        "recipe": _TEDelayedScaling(2, _TEFormat.E4M3, L, "most_recent", False),
+        "scale_fwd": torch.rand(3, generator=g) * 100,
+        "amax_history_fwd": torch.rand(L, 3, generator=g),
+        "scale_bwd": torch.rand(2, generator=g) * 100,
+        "amax_history_bwd": torch.rand(L, 2, generator=g),
+        "extra_fp8_variables": {"num_gemms": 1, "fp8_checkpoint": True, "fp8_max_fwd": 448.0},
+    }
+
+
+# ---- the converter ---------------------------------------------------------------------------
+def test_te_source_has_the_layout_we_convert() -> None:
+    """The keys we read and write are the ones TE's get_extra_state stores (both TE versions)."""
+    for version in ("2.9.0", "2.20.2"):
+        path = ROOT / ".cache" / "te" / version / "transformer_engine/pytorch/module/base.py"
+        if not path.is_file():
+            pytest.skip(f"no cached TE {version} source (scripts/fetch_te_source.py)")
+        source = path.read_text()
+        for key in ("recipe", "scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd"):
+            assert f'state["{key}"]' in source, (version, key)
+        assert 'state["extra_fp8_variables"] = extra' in source
+
+
+def test_round_trip_through_our_state_without_te() -> None:
+    te_dict = _te_format_dict()
+    state, recipe = from_te_extra_state(te_dict)
+    assert recipe == DelayedScaling(2, Format.E4M3, L, "most_recent", False)
+    assert torch.equal(state.forward.amax_history, te_dict["amax_history_fwd"])
+    assert torch.equal(state.backward.scale, te_dict["scale_bwd"])
+    assert torch.equal(state.forward.scale_inv, torch.ones(3) / te_dict["scale_fwd"])
+
+    ours = to_te_extra_state(state, recipe, te_dict["extra_fp8_variables"])
+    assert ours["format"] == TE_STATE_FORMAT
+    assert ours["recipe"] == {
+        "margin": 2,
+        "fp8_format": "E4M3",
+        "amax_history_len": L,
+        "amax_compute_algo": "most_recent",
+        "reduce_amax": False,
+    }
+    assert ours["extra_fp8_variables"] == te_dict["extra_fp8_variables"]
+    for key in ("scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd"):
+        assert torch.equal(ours[key], te_dict[key]), key
+
+    buffer = io.BytesIO()  # tensors and plain data only: opens with weights_only=True
+    torch.save(ours, buffer)
+    buffer.seek(0)
+    again, recipe_again = from_te_extra_state(torch.load(buffer, weights_only=True))
+    assert recipe_again == recipe
+    assert torch.equal(again.backward.amax_history, state.backward.amax_history)
+
+
+def test_our_fresh_state_converts_with_default_variables() -> None:
+    recipe = DelayedScaling(amax_history_len=L)
+    state = FP8ModuleState.from_recipe(recipe, num_gemms=2)  # LayerNormMLP: two GEMMs
+    te_dict = to_te_extra_state(state, recipe)
+    assert te_dict["amax_history_fwd"].shape == (L, 6) and te_dict["scale_bwd"].shape == (4,)
+    assert te_dict["extra_fp8_variables"] == {"num_gemms": 2}
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda d: d.pop("scale_bwd"), "lacks"),
+        (lambda d: d.update(amax_history_fwd=torch.zeros(L + 1, 3)), "amax_history_len is 4"),
+        (
+            lambda d: d.update(scale_bwd=torch.ones(3), amax_history_bwd=torch.zeros(L, 3)),
+            "per GEMM",
+        ),
+        (lambda d: d.update(format="someone-else/9"), "Unknown TE extra-state format"),
+    ],
+    ids=["missing-key", "history-length", "columns", "format"],
+)
+def test_bad_te_state_is_refused(change: Any, match: str) -> None:
+    te_dict = _te_format_dict()
+    change(te_dict)
+    with pytest.raises(ValueError, match=match):
+        from_te_extra_state(te_dict)
+
+
+def test_a_callable_algo_cannot_be_saved_without_pickle() -> None:
+    recipe = DelayedScaling(amax_history_len=L, amax_compute_algo=lambda h: h.amax(0))
+    state = FP8ModuleState(ScalingMeta.create(3, L), ScalingMeta.create(2, L))
+    with pytest.raises(ValueError, match="callable amax_compute_algo"):
+        to_te_extra_state(state, recipe)
+
+
+# ---- checkpoints of a model with TE modules ---------------------------------------------------
+CFG = GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=32)
+
+
+def _model(seed: int, run: bool = True) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(CFG)
+    te = _TELinear(32, 128)
+    te.load_state_dict(model.blocks[0].mlp.fc.state_dict(), strict=False)
+    model.blocks[0].mlp.fc = te
+    if run:
+        te.fake_fp8_run(seed)
+    return model
+
+
+def _te_meta(model: GPT) -> dict[str, Any]:
+    return model.blocks[0].mlp.fc.fp8_meta
+
+
+def test_trainer_checkpoint_restores_te_state_without_pickle(
+    tmp_path: Path,
+    te_recipe_module: None,
+    monkeypatch: pytest.MonkeyPatch,
+    data_factory: Callable[..., TokenData],
+) -> None:
+    """Save a Trainer whose model holds a TE module with delayed-scaling state; resume into a
+    fresh model: the state comes back although TE's pickle guard is on."""
+    monkeypatch.delenv(TE_UNSAFE_PICKLE_ENV, raising=False)
+    data = data_factory(seed=0, block_size=CFG.block_size)
+    cfg = TrainConfig(steps=1, batch_size=2, eval_every=0, progress=False, precision="fp32")
+    trainer = Trainer(_model(0), data, cfg, device="cpu")
+    path = trainer.save(tmp_path / "ckpt.pt")
+    assert isinstance(load_checkpoint(path)["model"]["blocks.0.mlp.fc._extra_state"], dict)
+
+    fresh = Trainer(_model(1, run=False), data, cfg, device="cpu")
+    fresh.resume(path)
+    saved, restored = _te_meta(trainer.model), _te_meta(fresh.model)
+    assert restored["recipe"] == _TEDelayedScaling(margin=1, amax_history_len=L)
+    assert restored["num_gemms"] == 1 and restored["fp8_max_bwd"] == 57344.0
+    for key in ("scaling_fwd", "scaling_bwd"):
+        assert torch.equal(restored[key].amax_history, saved[key].amax_history)
+        assert torch.equal(restored[key].scale, saved[key].scale)
+    assert torch.equal(fresh.model.blocks[0].mlp.fc.weight, trainer.model.blocks[0].mlp.fc.weight)
+
+
+def test_te_pickled_state_is_refused_with_the_fix(
+    tmp_path: Path, te_recipe_module: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(TE_UNSAFE_PICKLE_ENV, raising=False)
+    model = _model(0)
+    path = save_checkpoint(tmp_path / "plain.pt", {"model": model.state_dict()})  # TE's pickle
+    state = load_checkpoint(path)["model"]  # a uint8 tensor: weights_only opens it
+    fresh = _model(1, run=False)
+    with pytest.raises(
+        CheckpointError, match=rf"blocks.0.mlp.fc._extra_state.*{TE_UNSAFE_PICKLE_ENV}=1"
+    ):
+        load_model_state_dict(fresh, state)
+    assert "recipe" not in _te_meta(fresh)  # nothing was loaded
+    monkeypatch.setenv(TE_UNSAFE_PICKLE_ENV, "1")  # the user's explicit opt-in: TE unpickles
+    load_model_state_dict(fresh, state)
+    assert torch.equal(_te_meta(fresh)["scaling_fwd"].scale, _te_meta(model)["scaling_fwd"].scale)
+
+
+def test_modules_without_fp8_state_save_an_empty_tensor(te_recipe_module: None) -> None:
+    model = _model(0, run=False)
+    assert te_extra_state(model.blocks[0].mlp.fc) is None
+    state = model_state_dict(model)
+    assert state["blocks.0.mlp.fc._extra_state"].numel() == 0
+    load_model_state_dict(_model(1, run=False), state)
+    with pytest.raises(RuntimeError, match=r"(?i)missing key.*_extra_state"):
+        load_model_state_dict(_model(1), {k: v for k, v in state.items() if "extra" not in k})
