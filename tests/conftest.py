@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import queue
 import sys
 import threading
@@ -137,3 +138,26 @@ def load_benchmark() -> Callable[[str], ModuleType]:
         return module
 
     return load
+
+
+TE_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "te"
+TE_VERSIONS = ("2.9.0", "2.20.2")  # the versions scripts/fetch_te_source.py caches
+
+
+@pytest.fixture(scope="session")
+def te_source() -> Callable[[str, str], str]:
+    """``te_source(version, path)``: a file of Transformer Engine's cached pure-Python source.
+
+    The policy of ``tests/test_te_contract.py``: a missing file fails the test (``make setup``
+    fetches the source), unless ``TUTORIAL_OFFLINE=1`` says there is no network to fetch it."""
+
+    def read(version: str, path: str) -> str:
+        file = TE_CACHE / version / "transformer_engine" / path
+        if not file.is_file():
+            message = f"no cached TE {version} source at {file}: run scripts/fetch_te_source.py"
+            if os.environ.get("TUTORIAL_OFFLINE") == "1":
+                pytest.skip(message)
+            pytest.fail(message)
+        return file.read_text(encoding="utf-8")
+
+    return read

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -115,15 +115,13 @@ def test_te_policy_refuses_an_accumulation_te_cannot_express() -> None:
         te_recipe_kwargs(odd)
 
 
-def test_te_source_fixes_the_delayed_scaling_accumulation() -> None:
+def test_te_source_fixes_the_delayed_scaling_accumulation(
+    te_source: Callable[[str, str], str],
+) -> None:
     """The defaults mirror TE's module constants (``pytorch/module/base.py``) in both TE
-    versions the contract test pins; skipped without the cached source."""
-    root = Path(__file__).resolve().parents[1] / ".cache" / "te"
+    versions the contract test pins."""
     for version in ("2.9.0", "2.20.2"):
-        base = root / version / "transformer_engine" / "pytorch" / "module" / "base.py"
-        if not base.is_file():
-            pytest.skip(f"no cached TE {version} source (scripts/fetch_te_source.py)")
-        source = base.read_text()
+        source = te_source(version, "pytorch/module/base.py")
         want = TE_DELAYED_SPLIT_ACCUMULATOR
         for gemm_name, constant in (("fprop", "FPROP"), ("dgrad", "DGRAD"), ("wgrad", "WGRAD")):
             split = want[f"fp8_gemm_{gemm_name}"]

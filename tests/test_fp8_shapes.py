@@ -4,7 +4,7 @@ dimensions but the last divisible by 8, the last dimension by 16. Checked at the
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -71,13 +71,9 @@ def test_model_checks_use_the_same_rule() -> None:
         convert_to_fp8(model)
 
 
-def test_te_source_states_the_rule() -> None:
+def test_te_source_states_the_rule(te_source: Callable[[str, str], str]) -> None:
     """``assert_dim_for_fp8_exec`` in TE's cached source (both pinned versions) is the rule."""
-    root = Path(__file__).resolve().parents[1] / ".cache" / "te"
     for version in ("2.9.0", "2.20.2"):
-        utils = root / version / "transformer_engine" / "pytorch" / "utils.py"
-        if not utils.is_file():
-            pytest.skip(f"no cached TE {version} source (scripts/fetch_te_source.py)")
-        source = utils.read_text()
+        source = te_source(version, "pytorch/utils.py")
         body = source[source.index("def assert_dim_for_fp8_exec") :][:800]
         assert "math.prod(tensor.shape[:-1]) % 8" in body and "tensor.shape[-1] % 16" in body

@@ -153,13 +153,10 @@ def _te_format_dict() -> dict[str, Any]:
 
 
 # ---- the converter ---------------------------------------------------------------------------
-def test_te_source_has_the_layout_we_convert() -> None:
+def test_te_source_has_the_layout_we_convert(te_source: Callable[[str, str], str]) -> None:
     """The keys we read and write are the ones TE's get_extra_state stores (both TE versions)."""
     for version in ("2.9.0", "2.20.2"):
-        path = ROOT / ".cache" / "te" / version / "transformer_engine/pytorch/module/base.py"
-        if not path.is_file():
-            pytest.skip(f"no cached TE {version} source (scripts/fetch_te_source.py)")
-        source = path.read_text()
+        source = te_source(version, "pytorch/module/base.py")
         for key in ("recipe", "scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd"):
             assert f'state["{key}"]' in source, (version, key)
         assert 'state["extra_fp8_variables"] = extra' in source
