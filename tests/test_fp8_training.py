@@ -3,6 +3,7 @@ checkpoints that resume bit for bit, and the CLI."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from collections.abc import Callable
@@ -56,7 +57,9 @@ def data(data_factory: Callable[..., TokenData]) -> Callable[[], TokenData]:
 def test_policy_fields() -> None:
     policy = get_policy("fp8", "cpu")
     assert (policy.name, policy.autocast_dtype, policy.peak_dtype) == ("fp8", torch.bfloat16, "fp8")
-    assert policy.prepare_model is convert_to_fp8 and not policy.grad_scaler
+    prepare = policy.prepare_model
+    assert isinstance(prepare, functools.partial) and prepare.func is convert_to_fp8
+    assert not policy.grad_scaler
 
 
 def test_get_policy_imports_fp8_lazily() -> None:

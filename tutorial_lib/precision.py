@@ -114,7 +114,12 @@ def register_policy(policy: PrecisionPolicy, *, overwrite: bool = False) -> Prec
 # Policies registered by packages that precision.py must not import at module import time (they
 # import it): name -> (module, registering function). Loaded on first use of the registry.
 _LAZY_POLICIES: dict[str, tuple[str, str]] = {
-    "fp8": ("tutorial_lib.fp8.policy", "register_fp8_policy"),
+    "fp8": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
+    "fp8-current": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
+    "fp8-block": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
+    "mxfp8": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
+    "nvfp4": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
+    "fp8-rowwise": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
     "te-fp8": ("tutorial_lib.fp8.te_policy", "register_te_policy"),
     "te-fp8-fused": ("tutorial_lib.fp8.te_policy", "register_te_policy"),
 }

@@ -4,7 +4,10 @@ Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (th
 ``DelayedScaling`` recipe, per-module state, the update rule, amax reduction), ``stats``
 (quantization statistics and capture of a model's GEMM operands), ``gemm`` (``scaled_gemm``:
 ``torch._scaled_mm`` on FP8 GPUs, ``emulated_gemm``, an FP32 emulation, elsewhere),
-``linear`` (``FP8Linear`` and ``convert_to_fp8``), ``autocast`` (the FP8 region, named and behaving like
+``linear`` (``FP8Linear``), ``convert`` (``convert_to_fp8``), ``recipes`` (the recipes other
+than delayed scaling, by TE's names, and where each runs natively), ``quantizers`` (one
+quantizer per recipe and operand), ``recipe_linear`` (``FP8Linear``'s GEMMs under those
+recipes), ``autocast`` (the FP8 region, named and behaving like
 ``transformer_engine.pytorch.autocast``), ``recompute`` (``checkpoint``: activation
 checkpointing that replays the first forward's scales, TE's ``checkpoint``), ``policy`` (the
 ``fp8`` precision policy), and the
@@ -13,8 +16,8 @@ TE's source; the guarded TE import), ``te_convert`` (``TELayers``, ``convert_to_
 not), ``te_policy`` (``te_autocast`` and the ``te-fp8`` and ``te-fp8-fused`` policies) and
 ``te_state`` (TE's FP8 ``_extra_state`` as tensors and plain data, no pickle). ``ddp`` keeps
 the FP8 buffers out of ``DistributedDataParallel``'s buffer broadcast.
-Importing this package registers ``fp8``, ``te-fp8`` and ``te-fp8-fused`` in
-``tutorial_lib.precision``.
+Importing this package registers ``fp8``, ``fp8-current``, ``fp8-block``, ``mxfp8``, ``nvfp4``,
+``fp8-rowwise``, ``te-fp8`` and ``te-fp8-fused`` in ``tutorial_lib.precision``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from ..hardware import te_available
 from . import te_policy  # imports te_contract and te_convert too
 from .autocast import FP8AutocastState, autocast, get_autocast_state, is_fp8_enabled
+from .convert import convert_to_fp8, convertible_linears, fp8_layer_problems
 from .ddp import exclude_fp8_from_ddp, fp8_buffer_names
 from .formats import (
     E4M3,
@@ -34,15 +38,31 @@ from .formats import (
     quantize,
 )
 from .gemm import emulated_gemm, scaled_gemm
-from .linear import FP8_MIN_CC, FP8_SHAPE_RULE, FP8Linear, convert_to_fp8, fp8_layer_problems
+from .linear import FP8_MIN_CC, FP8_SHAPE_RULE, FP8Linear
 from .policy import (
     FP8_LOSS_TOLERANCE,
     FP8_POLICY_NAME,
     check_fp8_device,
     make_fp8_policy,
+    register_fp8_policies,
     register_fp8_policy,
 )
 from .quantizers import QuantizedTensor, Quantizer, get_quantizer
+from .recipe_linear import quantized_matmul
+from .recipes import (
+    NATIVE,
+    RECIPE_PRECISIONS,
+    RECIPES,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Float8RowwiseScaling,
+    MXFP8BlockScaling,
+    NVFP4BlockScaling,
+    Recipe,
+    check_recipe_device,
+    make_recipe,
+    recipe_name,
+)
 from .recompute import checkpoint
 from .scaling import (
     FLT_MAX,
@@ -116,6 +136,20 @@ __all__ = [
     "get_quantizer",
     "Quantizer",
     "QuantizedTensor",
+    # recipes other than delayed scaling
+    "Recipe",
+    "Float8CurrentScaling",
+    "Float8BlockScaling",
+    "MXFP8BlockScaling",
+    "NVFP4BlockScaling",
+    "Float8RowwiseScaling",
+    "RECIPES",
+    "RECIPE_PRECISIONS",
+    "NATIVE",
+    "make_recipe",
+    "recipe_name",
+    "check_recipe_device",
+    "quantized_matmul",
     # recompute
     "checkpoint",
     # gemm
@@ -126,6 +160,7 @@ __all__ = [
     "FP8_MIN_CC",
     "FP8_SHAPE_RULE",
     "convert_to_fp8",
+    "convertible_linears",
     "fp8_layer_problems",
     # ddp
     "exclude_fp8_from_ddp",
@@ -139,9 +174,10 @@ __all__ = [
     "check_fp8_device",
     "make_fp8_policy",
     "register_fp8_policy",
+    "register_fp8_policies",
 ]
 
-# The precision policies of this package: ours (``fp8``) and Transformer Engine's (``te-fp8``,
-# ``te-fp8-fused``; one call registers both).
-register_fp8_policy()
+# The precision policies of this package: ours (``fp8`` and one per other recipe) and Transformer
+# Engine's (``te-fp8``, ``te-fp8-fused``; registered lazily by ``tutorial_lib.precision``).
+register_fp8_policies()
 te_policy.register_te_policy()

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from .recipes import Recipe
 from .scaling import DelayedScaling, FP8ModuleState, reduce_amax
 
 __all__ = ["FP8AutocastState", "autocast", "get_autocast_state", "is_fp8_enabled"]
@@ -52,7 +53,7 @@ class FP8AutocastState:
 
     enabled: bool
     calibrating: bool
-    recipe: DelayedScaling
+    recipe: DelayedScaling | Recipe
     amax_reduction_group: Any = None
     emulate: bool | None = None
     collect_stats: bool = False
@@ -68,9 +69,11 @@ class _BackwardStep:
     claimed: bool = False  # a module whose backward will run has taken the update
 
     def add(self, state: FP8ModuleState, fp8: FP8AutocastState) -> None:
+        recipe = fp8.recipe
+        assert isinstance(recipe, DelayedScaling)  # only delayed scaling has state to update
         if id(state) not in self.seen:
             self.seen.add(id(state))
-            self.entries.append((state, fp8.recipe, fp8.amax_reduction_group))
+            self.entries.append((state, recipe, fp8.amax_reduction_group))
 
     def update(self) -> None:
         """Update every module's backward state (called by the claiming module's backward)."""
@@ -152,7 +155,7 @@ def _reduced_rows(
 def autocast(
     enabled: bool = True,
     calibrating: bool = False,
-    recipe: DelayedScaling | None = None,
+    recipe: DelayedScaling | Recipe | None = None,
     amax_reduction_group: Any = None,
     emulate: bool | None = None,
     collect_stats: bool = False,
@@ -161,7 +164,8 @@ def autocast(
 
     FP8:
         enabled: run FP8Linear GEMMs in FP8. calibrating: when not enabled, run in high precision
-            but record input/weight amaxes. recipe: a ``DelayedScaling`` (default: TE's defaults).
+            but record input/weight amaxes. recipe: a ``DelayedScaling`` (default: TE's defaults)
+            or a stateless recipe of ``fp8.recipes`` (no scaling state, nothing to calibrate).
     Distributed:
         amax_reduction_group: the process group whose ranks share amaxes (default: the world).
     Extras (not in TE):
@@ -171,9 +175,11 @@ def autocast(
     Scaling state updates: see the module docstring.
     """
     recipe = DelayedScaling() if recipe is None else recipe
-    if not isinstance(recipe, DelayedScaling):
+    if not isinstance(recipe, DelayedScaling | Recipe):
         raise TypeError(
-            f"autocast supports tutorial_lib.fp8.DelayedScaling recipes, got {type(recipe).__name__}."
+            f"autocast takes a recipe of tutorial_lib.fp8 (DelayedScaling, Float8CurrentScaling, "
+            f"Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling, Float8RowwiseScaling), "
+            f"got {type(recipe).__name__}. For Transformer Engine's recipes use te_autocast."
         )
     state = FP8AutocastState(
         enabled, calibrating, recipe, amax_reduction_group, emulate, collect_stats

@@ -1,4 +1,8 @@
-"""``FP8Linear``: an ``nn.Linear`` whose GEMMs run in FP8 with delayed scaling inside ``autocast``.
+"""``FP8Linear``: an ``nn.Linear`` whose GEMMs run in FP8 inside ``autocast``, with any recipe.
+
+Under ``DelayedScaling`` (this module) the layer keeps per-tensor scaling state; under the
+stateless recipes of ``fp8.recipes`` (current, block, MXFP8, NVFP4, row-wise) its GEMMs run in
+``recipe_linear``. The rest of this docstring is the delayed-scaling path.
 
 Outside an enabled ``tutorial_lib.fp8.autocast`` it *is* ``nn.Linear`` (same parameters, init
 and forward). Inside, one forward + backward pass does what TE's ``Linear`` does for one GEMM
@@ -39,21 +43,22 @@ from torch import nn
 
 from ..hardware import cuda_capability
 from .autocast import FP8AutocastState, _BackwardStep, get_autocast_state, register_fp8_run
-from .ddp import exclude_fp8_from_ddp
 from .formats import quantize
 from .gemm import scaled_gemm
+from .recipe_linear import RecipeLinearFunction
+from .recipes import Recipe, check_recipe_device, sr_seed
 from .recompute import _Call, check_not_plain_checkpoint, record_call, replay_call
-from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, GRAD_OUTPUT1, FP8ModuleState, ScalingMeta
+from .scaling import (
+    GEMM1_INPUT,
+    GEMM1_WEIGHT,
+    GRAD_OUTPUT1,
+    DelayedScaling,
+    FP8ModuleState,
+    ScalingMeta,
+)
 from .stats import QuantStats, quant_stats
 
-__all__ = [
-    "FP8Linear",
-    "FP8_MIN_CC",
-    "FP8_SHAPE_RULE",
-    "convert_to_fp8",
-    "convertible_linears",
-    "fp8_layer_problems",
-]
+__all__ = ["FP8Linear", "FP8_MIN_CC", "FP8_SHAPE_RULE", "SR_STATE_KEY", "weight_problems"]
 
 FP8_MIN_CC = (8, 9)  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90)
 # TE's shape rule for an FP8 GEMM operand (``assert_dim_for_fp8_exec``, pytorch/utils.py).
@@ -66,6 +71,7 @@ _BUFFERS = {
     "backward": ("fp8_amax_history_bwd", "fp8_scale_bwd", "fp8_scale_inv_bwd"),
 }
 _COLUMNS = {"forward": 3, "backward": 2}
+SR_STATE_KEY = "fp8_sr_rng_state"  # state-dict entry of the stochastic-rounding generator
 _STAT_SLOTS = {
     "input": ("forward", GEMM1_INPUT),
     "weight": ("forward", GEMM1_WEIGHT),
@@ -89,7 +95,9 @@ class _FP8LinearFunction(torch.autograd.Function):
         step: _BackwardStep | None,
         replay: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
-        fmt = fp8.recipe.fwd_format
+        recipe = fp8.recipe
+        assert isinstance(recipe, DelayedScaling)  # the other recipes run in recipe_linear
+        fmt = recipe.fwd_format
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, x.shape[-1])
             x_fp8, x_inv = module._quantize("input", x2, fmt, fp8.collect_stats, replay)
@@ -157,6 +165,10 @@ class FP8Linear(nn.Linear):
         fails with a message saying what to do.
     Under DDP: the six buffers (``FP8_STATE_BUFFERS``) stay out of its buffer broadcast
         (``fp8.ddp.exclude_fp8_from_ddp``; ``convert_to_fp8`` calls it).
+    Other recipes (``fp8.recipes``): stateless, except NVFP4's stochastic rounding, which draws
+        from the layer's own generator (``sr_generator``, seeded by ``recipes.sr_seed``); its
+        state is the state-dict entry ``fp8_sr_rng_state`` (``SR_STATE_KEY``), so a resumed run
+        draws the same noise as an uninterrupted one.
     """
 
     FP8_STATE_BUFFERS: ClassVar[tuple[str, ...]] = tuple(n for ns in _BUFFERS.values() for n in ns)
@@ -176,6 +188,7 @@ class FP8Linear(nn.Linear):
         self.emulate, self.collect_stats = emulate, collect_stats
         self.fp8_name: str | None = None
         self._last_stats: dict[str, QuantStats] = {}
+        self._sr_generator: torch.Generator | None = None
         self._init_fp8_buffers(amax_history_len, device)
 
     @classmethod
@@ -251,6 +264,8 @@ class FP8Linear(nn.Linear):
         if fp8 is None or not (fp8.enabled or fp8.calibrating):
             record_call(self)
             return F.linear(x, self.weight, self.bias)
+        if not isinstance(fp8.recipe, DelayedScaling):
+            return self._recipe_forward(x, fp8, fp8.recipe)
         self._ensure_history_len(fp8.recipe.amax_history_len)
         if not fp8.enabled:  # calibration: high precision; row 0 <- this batch's amaxes (TE)
             record_call(self)
@@ -270,9 +285,54 @@ class FP8Linear(nn.Linear):
             x, self.weight, self.bias, self, fp8, out_dtype, emulate, step, None
         )
 
+    def _recipe_forward(
+        self, x: torch.Tensor, fp8: FP8AutocastState, recipe: Recipe
+    ) -> torch.Tensor:
+        """A stateless recipe (``fp8.recipes``): nothing to calibrate (high precision then)."""
+        if not fp8.enabled:
+            record_call(self)
+            return F.linear(x, self.weight, self.bias)
+        self._check_fp8_shapes(x)
+        tokens = math.prod(x.shape[:-1])
+        problem = recipe.shape_problem(tokens, self.in_features, self.out_features)
+        if problem:
+            raise ValueError(f"FP8 GEMM shape error in layer {self._layer_name()}: {problem}.")
+        check_not_plain_checkpoint(self._layer_name())
+        flag = self.emulate if self.emulate is not None else fp8.emulate
+        emulate = check_recipe_device(recipe, x.device, flag, self._layer_name())
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        record_call(self, fp8, out_dtype, emulate)
+        return self._recipe_apply(x, recipe, out_dtype, emulate)
+
+    def _recipe_apply(
+        self, x: torch.Tensor, recipe: Recipe, out_dtype: torch.dtype, emulate: bool
+    ) -> torch.Tensor:
+        gen = self.sr_generator(x.device) if recipe.uses_stochastic_rounding else None
+        w, b = self.weight, self.bias
+        return RecipeLinearFunction.apply(x, w, b, recipe, out_dtype, emulate, gen)
+
+    def sr_generator(self, device: torch.device | str) -> torch.Generator:
+        """The layer's stochastic-rounding generator on ``device``, created on first use (seeded
+        by ``recipes.sr_seed`` from the run's seed and the layer name). Moving to another
+        device reseeds it from a draw of the old one, so the stream stays reproducible."""
+        device = torch.device(device)
+        gen = self._sr_generator
+        if gen is not None and gen.device.type == device.type:
+            return gen
+        new = torch.Generator(device=device)
+        if gen is None:
+            new.manual_seed(sr_seed(self._layer_name()))
+        else:
+            new.manual_seed(int(torch.randint(1 << 62, (1,), generator=gen)))
+        self._sr_generator = new
+        return new
+
     def _replay(self, x: torch.Tensor, call: _Call) -> torch.Tensor:
         """A checkpoint recompute: the recorded call again, with its scales, recording nothing."""
         fp8, out_dtype, scales = call.fp8, call.out_dtype, call.scales
+        if fp8 is not None and out_dtype is not None and not isinstance(fp8.recipe, DelayedScaling):
+            return self._recipe_apply(x, fp8.recipe, out_dtype, call.emulate)
         if fp8 is None or out_dtype is None or scales is None:
             return F.linear(x, self.weight, self.bias)
         w, b = self.weight, self.bias
@@ -304,7 +364,7 @@ class FP8Linear(nn.Linear):
 
     def _check_fp8_shapes(self, x: torch.Tensor) -> None:
         tokens = math.prod(x.shape[:-1])
-        problems = _weight_problems(self.in_features, self.out_features)
+        problems = weight_problems(self.in_features, self.out_features)
         if tokens % 8:
             problems.append(
                 f"the input's leading dimensions {tuple(x.shape[:-1])} multiply to "
@@ -350,7 +410,42 @@ class FP8Linear(nn.Linear):
             out[name] = row
         return out
 
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._sr_generator is not None:
+            destination[prefix + SR_STATE_KEY] = self._sr_generator.get_state()
+
+    def _load_sr_state(self, state_dict: Any, prefix: str, error_msgs: list[str]) -> None:
+        state = state_dict.get(prefix + SR_STATE_KEY)
+        if state is None:
+            return
+        gen = self.sr_generator(self.weight.device)
+        try:
+            gen.set_state(state.to("cpu", torch.uint8))
+        except (RuntimeError, TypeError) as exc:
+            error_msgs.append(
+                f"{prefix}{SR_STATE_KEY}: the checkpoint's stochastic-rounding generator state "
+                f"does not fit this layer's {gen.device.type} generator ({exc}). Load it on the "
+                "device type it was saved from, then move the model."
+            )
+
     def _load_from_state_dict(
+        self,
+        state_dict: Any,
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        self._load_sr_state(state_dict, prefix, error_msgs)
+        args = (state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys)
+        self._load_fp8_state_dict(*args, error_msgs)
+        if prefix + SR_STATE_KEY in unexpected_keys:  # not a buffer: taken by _load_sr_state
+            unexpected_keys.remove(prefix + SR_STATE_KEY)
+
+    def _load_fp8_state_dict(
         self,
         state_dict: Any,
         prefix: str,
@@ -402,80 +497,10 @@ def _with_stats(fp8: FP8AutocastState) -> FP8AutocastState:
     return replace(fp8, collect_stats=True)
 
 
-def _weight_problems(in_features: int, out_features: int) -> list[str]:
+def weight_problems(in_features: int, out_features: int) -> list[str]:
     """TE's rule (``FP8_SHAPE_RULE``) for the weight (out_features, in_features)."""
     return [
         f"{what} = {n} is not divisible by {k}"
         for what, n, k in (("in_features", in_features, 16), ("out_features", out_features, 8))
         if n % k
     ]
-
-
-# ---- converting a model ------------------------------------------------------------------------
-def convertible_linears(
-    model: nn.Module, include_lm_head: bool = False
-) -> list[tuple[str, nn.Linear]]:
-    """The ``nn.Linear`` layers an FP8 backend swaps: not a weight tied to another module (the
-    GPT's LM head is the token embedding) and not a module named ``lm_head``, unless asked."""
-    counts: dict[int, int] = {}
-    for _, p in model.named_parameters(remove_duplicate=False):
-        counts[id(p)] = counts.get(id(p), 0) + 1
-    shared = {pid for pid, n in counts.items() if n > 1}
-    return [
-        (name, m)
-        for name, m in model.named_modules()
-        if type(m) is nn.Linear
-        and (
-            include_lm_head or (id(m.weight) not in shared and name.rsplit(".", 1)[-1] != "lm_head")
-        )
-    ]
-
-
-def fp8_layer_problems(model: nn.Module, include_lm_head: bool = False) -> list[str]:
-    """``"name: in -> out (why)"`` for every Linear ``convert_to_fp8`` would swap but whose weight
-    breaks TE's shape rule (``FP8_SHAPE_RULE``: in_features % 16, out_features % 8)."""
-    return [
-        f"{name}: {m.in_features} -> {m.out_features} ({'; '.join(problems)})"
-        for name, m in convertible_linears(model, include_lm_head)
-        if (problems := _weight_problems(m.in_features, m.out_features))
-    ]
-
-
-def convert_to_fp8(
-    model: nn.Module,
-    include_lm_head: bool = False,
-    emulate: bool | None = None,
-    amax_history_len: int = 1024,
-    collect_stats: bool = False,
-) -> nn.Module:
-    """Swap every ``nn.Linear`` of ``model`` (in place) for an ``FP8Linear``; returns ``model``.
-
-    The new layers hold the old Parameter objects (no copy; ties stay tied). Not swapped:
-    embeddings, subclasses of nn.Linear, and, unless ``include_lm_head``, a Linear whose weight
-    is shared or that is named ``lm_head`` (the GPT's tied head is ``F.linear`` on the embedding,
-    so it is never a module). All layers with illegal shapes are listed in one ValueError.
-    The FP8 buffers go on ``model``'s DDP ignore list (``fp8.ddp``), so ``DDP(model)`` keeps
-    each rank's scaling state; ranks share amaxes through the autocast's amax reduction.
-    """
-    targets = convertible_linears(model, include_lm_head)
-    problems = fp8_layer_problems(model, include_lm_head)
-    if problems:
-        raise ValueError(
-            f"convert_to_fp8: {FP8_SHAPE_RULE}, so a Linear's in_features must be a multiple "
-            "of 16 and its out_features a multiple of 8; these layers break it: "
-            + "; ".join(problems)
-            + ". Choose widths that are multiples of 16 (e.g. n_embd 32, 64, 128) or pad."
-        )
-    kwargs = {
-        "emulate": emulate,
-        "amax_history_len": amax_history_len,
-        "collect_stats": collect_stats,
-    }
-    for name, old in targets:
-        new = FP8Linear.from_linear(old, **kwargs)
-        new.fp8_name = name
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, new)
-    exclude_fp8_from_ddp(model)  # DDP(model) must not broadcast rank 0's FP8 state (fp8.ddp)
-    return model

@@ -1,48 +1,75 @@
-"""The ``fp8`` precision policy: FP8Linear layers (delayed scaling) under BF16 autocast.
+"""The FP8 precision policies: ``FP8Linear`` layers under BF16 autocast, one policy per recipe.
 
-``get_policy("fp8")`` works without importing this package first: ``tutorial_lib.precision``
-imports it lazily. The policy keeps BF16 autocast on every device, the CPU included (as slow or fast
-there as the CPU's BF16 kernels, but the numerics are those of a GPU run); on the CPU the FP8
-GEMMs are emulated (``linear.py``).
+    policy        recipe (``fp8.recipes``)
+    fp8           DelayedScaling (TE's defaults)
+    fp8-current   Float8CurrentScaling
+    fp8-block     Float8BlockScaling
+    mxfp8         MXFP8BlockScaling
+    nvfp4         NVFP4BlockScaling
+    fp8-rowwise   Float8RowwiseScaling (torchao's rowwise)
+
+``get_policy("fp8-block")`` works without importing this package first: ``tutorial_lib.precision``
+imports it lazily. Every policy keeps BF16 autocast on every device, the CPU included (as slow or
+fast there as the CPU's BF16 kernels, but the numerics are those of a GPU run); on the CPU the
+FP8 GEMMs are emulated (``linear.py``, ``recipe_linear.py``). On a GPU that cannot run a recipe
+natively, the policy's check raises an error naming the GPU it needs (``recipes.NATIVE``),
+unless the policy was made with ``emulate=True``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Any
 
 import torch
 
 from ..hardware import cuda_capability
 from ..precision import POLICIES, PrecisionPolicy, register_policy
 from .autocast import autocast
-from .linear import FP8_MIN_CC, convert_to_fp8
+from .convert import convert_to_fp8
+from .linear import FP8_MIN_CC
+from .recipes import RECIPE_PRECISIONS, check_recipe_device, make_recipe, recipe_name
 from .scaling import DelayedScaling
 
 __all__ = [
     "FP8_POLICY_NAME",
+    "FP8_RECIPE_POLICIES",
     "FP8_LOSS_TOLERANCE",
     "check_fp8_device",
     "make_fp8_policy",
     "register_fp8_policy",
+    "register_fp8_policies",
 ]
 
 FP8_POLICY_NAME = "fp8"
+# policy name -> recipe name, for every FP8 policy (``fp8`` is delayed scaling).
+FP8_RECIPE_POLICIES: dict[str, str] = {p: r for r, p in RECIPE_PRECISIONS.items()}
 # How close (nats, per step) the fp8 policy's training loss stays to bf16's, same init and data.
 # Measured on the CPU (emulated FP8 GEMMs; GPT 2 layers, 2 heads, width 32, block 32, batch 8,
 # lr 3e-3, 2 warm-up steps, 20 steps, default DelayedScaling): max |fp8 - bf16| per step was
 # 0.0003 for seed 0, 0.0137 at worst over seeds 0-19 (median 0.002); bf16 vs fp32 at worst
 # 0.0089. 0.05 leaves a 3.6x margin over the worst seed and equals BF16_LOSS_TOLERANCE.
 FP8_LOSS_TOLERANCE: float = 0.05
+_DESCRIPTIONS = {
+    "delayed": "E4M3 fwd, E5M2 grads, delayed scaling",
+    "current": "E4M3 fwd, E5M2 grads, per-tensor current scaling",
+    "block": "E4M3, 1x128 / 128x128 tiles with power-of-two scales",
+    "mxfp8": "E4M3, 1x32 blocks with E8M0 scales",
+    "nvfp4": "E2M1, 16-element blocks, E4M3 + FP32 scales, RHT, stochastic rounding",
+    "rowwise": "E4M3, one power-of-two scale per row (torchao rowwise)",
+}
 
 
-def _check(emulate: bool | None) -> functools.partial[None]:
-    return functools.partial(check_fp8_device, emulate=emulate)
-
-
-def check_fp8_device(device: torch.device | str, emulate: bool | None = None) -> None:
-    """Raise ``RuntimeError`` if ``device`` is a CUDA GPU without FP8 tensor cores (sm_89+) and
-    emulation was not asked for. The CPU is accepted: it always emulates."""
+def check_fp8_device(
+    device: torch.device | str, emulate: bool | None = None, recipe: object = "delayed"
+) -> None:
+    """Raise ``RuntimeError`` if ``device`` is a CUDA GPU that cannot run ``recipe`` natively
+    (delayed: FP8 tensor cores, sm_89+) and emulation was not asked for. A CPU is accepted: it
+    always emulates."""
+    if recipe_name(recipe) != "delayed":
+        check_recipe_device(recipe, device, emulate, "This FP8 precision policy")
+        return
     gpu = cuda_capability(device)
     if gpu is None or emulate:
         return
@@ -57,32 +84,45 @@ def check_fp8_device(device: torch.device | str, emulate: bool | None = None) ->
 
 
 def make_fp8_policy(
-    recipe: DelayedScaling | None = None, emulate: bool | None = None
+    recipe: Any = None, emulate: bool | None = None, name: str | None = None
 ) -> PrecisionPolicy:
-    """The ``fp8`` policy: ``convert_to_fp8`` once, then every forward pass under BF16 autocast
-    and ``autocast(recipe=...)`` (default ``DelayedScaling()``, TE's defaults)."""
-    recipe = DelayedScaling() if recipe is None else recipe
-    prepare = convert_to_fp8
-    if emulate is not None or recipe.amax_history_len != 1024:
-        prepare = functools.partial(
-            convert_to_fp8, emulate=emulate, amax_history_len=recipe.amax_history_len
-        )
+    """An FP8 policy: ``convert_to_fp8`` once, then every forward pass under BF16 autocast and
+    ``autocast(recipe=...)``. ``recipe``: a recipe object or name (ours or TE's class name;
+    default ``DelayedScaling()``, TE's defaults). ``name``: the policy's name (default: the
+    recipe's precision name, ``fp8`` for delayed scaling)."""
+    recipe = DelayedScaling() if recipe is None else make_recipe(recipe)
+    key = recipe_name(recipe)
+    history = getattr(recipe, "amax_history_len", 1024)
+    prepare = functools.partial(
+        convert_to_fp8, emulate=emulate, amax_history_len=history, recipe=recipe
+    )
 
     def region() -> contextlib.AbstractContextManager[None]:
         return autocast(recipe=recipe, emulate=emulate)
 
     return PrecisionPolicy(
-        name=FP8_POLICY_NAME,
-        description="FP8Linear GEMMs (E4M3 fwd, E5M2 grads, delayed scaling), BF16 autocast rest",
+        name=name or RECIPE_PRECISIONS[key],
+        description=f"FP8Linear GEMMs ({_DESCRIPTIONS[key]}), BF16 autocast rest",
         autocast_dtype=torch.bfloat16,
-        peak_dtype="fp8",
+        peak_dtype="fp4" if key == "nvfp4" else "fp8",
         prepare_model=prepare,
         extra_context=region,
-        check=_check(emulate),
+        check=functools.partial(check_fp8_device, emulate=emulate, recipe=recipe),
     )
 
 
-def register_fp8_policy() -> PrecisionPolicy:
-    """Register ``fp8`` once (later calls return the registered policy)."""
-    existing = POLICIES.get(FP8_POLICY_NAME)
-    return existing if existing is not None else register_policy(make_fp8_policy())
+def register_fp8_policy(name: str = FP8_POLICY_NAME) -> PrecisionPolicy:
+    """Register the FP8 policy ``name`` once (later calls return the registered policy)."""
+    existing = POLICIES.get(name)
+    if existing is not None:
+        return existing
+    if name not in FP8_RECIPE_POLICIES:
+        raise ValueError(
+            f"No FP8 policy {name!r}; the FP8 policies are {list(FP8_RECIPE_POLICIES)}."
+        )
+    return register_policy(make_fp8_policy(FP8_RECIPE_POLICIES[name], name=name))
+
+
+def register_fp8_policies() -> list[PrecisionPolicy]:
+    """Register every FP8 recipe's policy (``FP8_RECIPE_POLICIES``)."""
+    return [register_fp8_policy(name) for name in FP8_RECIPE_POLICIES]

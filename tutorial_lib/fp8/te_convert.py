@@ -22,7 +22,7 @@ from torch import nn
 
 from ..layers import LINEAR_ROLES, TorchLayers
 from ..model import Block
-from .linear import convertible_linears, fp8_layer_problems
+from .convert import convertible_linears, fp8_layer_problems
 from .te_contract import _import_te
 
 __all__ = ["TELayers", "TEFusedMLP", "fp8_shape_problems", "convert_to_te"]

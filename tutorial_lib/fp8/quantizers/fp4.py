@@ -54,7 +54,7 @@ def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
     Magnitudes above 6 saturate to 6 (TE's ``satfinite``; inf too).
     """
     grid = _grid(v.device)
-    a = v.abs().clamp(max=E2M1_MAX)
+    a = v.abs().clamp(max=E2M1_MAX).contiguous()
     mids = (grid[1:] + grid[:-1]) / 2  # the 7 decision points, exact in float32
     below = torch.bucketize(a, mids, right=False)  # how many midpoints lie strictly below a
     tie = (below < mids.numel()) & (a == mids[below.clamp(max=mids.numel() - 1)])

@@ -1,0 +1,253 @@
+"""Every FP8 recipe through ``FP8Linear``: the GEMMs against a float64 reference built from the
+quantizers, device gating, activation checkpointing, training from the CLI with a falling loss,
+and checkpoints that resume bit for bit (NVFP4's stochastic-rounding generator included)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tutorial_lib.__main__ import main
+from tutorial_lib.build import build_model
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import TokenData
+from tutorial_lib.fp8 import (
+    NATIVE,
+    RECIPE_PRECISIONS,
+    DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Float8RowwiseScaling,
+    FP8Linear,
+    MXFP8BlockScaling,
+    NVFP4BlockScaling,
+    autocast,
+    checkpoint,
+    make_recipe,
+    recipe_name,
+)
+from tutorial_lib.fp8.linear import SR_STATE_KEY
+from tutorial_lib.model import GPT
+from tutorial_lib.precision import get_policy
+from tutorial_lib.train import TrainConfig, Trainer, load_checkpoint
+
+STATELESS = {
+    "current": Float8CurrentScaling(),
+    "block": Float8BlockScaling(),
+    "mxfp8": MXFP8BlockScaling(),
+    "nvfp4": NVFP4BlockScaling(),
+    "rowwise": Float8RowwiseScaling(),
+}
+# Relative error of one GEMM against its float64 reference: float32 accumulation over K <= 160
+# terms of exact products (plus NVFP4's two scale multiplications) stays near 1e-6; 1e-5 is a
+# 10x margin that still catches any wrong scale, tile or transpose (those give errors > 1e-2).
+GEMM_RTOL = 1e-5
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
+
+
+def _reference(
+    recipe: object, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y, dx, dw from the recipe's quantizers and ``dequantize()``, multiplied in float64."""
+    q = recipe.quantizer  # type: ignore[attr-defined]
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    gen = torch.Generator().manual_seed(seed)
+    deq = [
+        q("input").quantize(x2),
+        q("weight").quantize(w),
+        q("grad_output", False, gen).quantize(g2),
+        q("weight", True).quantize(w.t()),
+        q("grad_output", True, gen).quantize(g2.t()),
+        q("input", True).quantize(x2.t()),
+    ]
+    xq, wq, gq, wcol, gcol, xcol = (t.dequantize(torch.float64) for t in deq)
+    y = xq @ wq.T + b.double()
+    return y.reshape(*x.shape[:-1], -1), (gq @ wcol.T).reshape(x.shape), gcol @ xcol.T
+
+
+@pytest.mark.parametrize("name", list(STATELESS))
+def test_fp8linear_gemms_match_the_quantizer_reference(name: str) -> None:
+    recipe = STATELESS[name]
+    torch.manual_seed(1)
+    layer = FP8Linear(160, 40)  # K = 160: not a multiple of 128, so block tiles are padded
+    layer.fp8_name = "layer"
+    x = (torch.randn(3, 16, 160) * torch.logspace(-3, 2, 160)).requires_grad_()  # outliers
+    g = torch.randn(3, 16, 40)
+    seed = None
+    if recipe.uses_stochastic_rounding:  # the layer's generator, replayed by the reference
+        seed = int(torch.randint(1 << 40, (1,)))
+        layer.sr_generator("cpu").manual_seed(seed)
+    with autocast(recipe=recipe):
+        y = layer(x)
+    y.backward(g)
+    y_ref, dx_ref, dw_ref = _reference(recipe, x.detach(), layer.weight, layer.bias, g, seed or 0)
+    assert _rel(y, y_ref) < GEMM_RTOL
+    assert _rel(x.grad, dx_ref) < GEMM_RTOL
+    assert _rel(layer.weight.grad, dw_ref) < GEMM_RTOL
+    assert torch.equal(layer.bias.grad, g.reshape(-1, 40).sum(0))
+    high = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    assert 1e-4 < _rel(y, high) < (0.25 if name == "nvfp4" else 0.08)  # quantized, not broken
+
+
+def test_nvfp4_needs_tokens_in_sixteens_for_its_hadamard_transform() -> None:
+    layer = FP8Linear(32, 16)
+    with pytest.raises(ValueError, match=r"multiple of 16, not 24.*disable_rht=True"):
+        with autocast(recipe=NVFP4BlockScaling()):
+            layer(torch.randn(3, 8, 32))
+    with autocast(recipe=NVFP4BlockScaling(disable_rht=True)):
+        assert layer(torch.randn(3, 8, 32)).shape == (3, 8, 16)
+
+
+def test_nvfp4_draws_stochastic_rounding_from_the_layer_generator() -> None:
+    torch.manual_seed(0)
+    layer = FP8Linear(32, 16)
+    x, g = torch.randn(16, 32, requires_grad=True), torch.randn(16, 16)
+    grads = []
+    for seed in (5, 5, 6):
+        layer.sr_generator("cpu").manual_seed(seed)
+        with autocast(recipe=NVFP4BlockScaling()):
+            layer(x).backward(g)
+        grads.append(layer.weight.grad.clone())
+        layer.weight.grad = None
+    assert torch.equal(grads[0], grads[1]) and not torch.equal(grads[0], grads[2])
+    nearest = NVFP4BlockScaling(disable_stochastic_rounding=True)
+    assert not nearest.uses_stochastic_rounding
+
+
+@pytest.mark.parametrize("name", list(STATELESS))
+def test_fp8_checkpoint_recompute_gives_the_same_gradients(name: str) -> None:
+    torch.manual_seed(2)
+    block = torch.nn.Sequential(FP8Linear(32, 48), torch.nn.GELU(), FP8Linear(48, 32))
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    grads = []
+    for wrap in (False, True):
+        for m in block:
+            if isinstance(m, FP8Linear):
+                m.sr_generator("cpu").manual_seed(7)
+        with autocast(recipe=STATELESS[name]):
+            y = checkpoint(block, x) if wrap else block(x)
+        y.square().sum().backward()
+        grads.append([x.grad.clone()] + [p.grad.clone() for p in block.parameters()])
+        x.grad = None
+        block.zero_grad(set_to_none=True)
+    for plain, ckpt in zip(*grads, strict=True):
+        assert torch.equal(plain, ckpt)
+
+
+# ---- names and devices -------------------------------------------------------------------------
+def test_recipes_by_our_names_and_te_names() -> None:
+    for te, ours in [
+        ("DelayedScaling", "delayed"),
+        ("Float8CurrentScaling", "current"),
+        ("Float8BlockScaling", "block"),
+        ("MXFP8BlockScaling", "mxfp8"),
+        ("NVFP4BlockScaling", "nvfp4"),
+    ]:
+        assert recipe_name(te) == ours == recipe_name(make_recipe(ours))
+        assert type(make_recipe(te)) is type(make_recipe(ours))
+    assert make_recipe("block", power_2_scale=False).power_2_scale is False
+    with pytest.raises(ValueError, match="Unknown FP8 recipe 'fp16'"):
+        make_recipe("fp16")
+    with pytest.raises(TypeError, match="has no field 'margin'"):
+        make_recipe("current", margin=1)
+    with pytest.raises(TypeError, match="autocast takes a recipe"):
+        with autocast(recipe=object()):  # type: ignore[arg-type]
+            pass
+
+
+def _fake_gpu(monkeypatch: pytest.MonkeyPatch, cc: tuple[int, int], name: str) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: cc)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+@pytest.mark.parametrize("name", list(RECIPE_PRECISIONS))
+def test_each_recipe_runs_natively_only_where_the_gpu_has_it(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    policy = get_policy(RECIPE_PRECISIONS[name])
+    policy.validate("cpu")  # a CPU always emulates
+    for cc, gpu in [((8, 0), "Fake A100"), ((8, 9), "Fake L40S"), ((9, 0), "Fake H100")]:
+        _fake_gpu(monkeypatch, cc, gpu)
+        native = NATIVE[name]
+        if native.ours and cc >= native.min_cc:
+            policy.validate("cuda")
+            continue
+        with pytest.raises(RuntimeError, match=rf"sm_{cc[0]}{cc[1]}.*emulate=True") as err:
+            policy.validate("cuda")
+        if name != "delayed":
+            assert native.gpus in str(err.value)
+    from tutorial_lib.fp8 import make_fp8_policy
+
+    make_fp8_policy(name, emulate=True).validate("cuda")  # opted in to the emulation
+
+
+# ---- training and checkpoints ------------------------------------------------------------------
+CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)
+
+
+def _trainer(model: GPT, data: TokenData, precision: str, steps: int) -> Trainer:
+    cfg = TrainConfig(
+        steps=steps,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_every=0,
+        precision=precision,
+        progress=False,
+        seed=0,
+    )
+    built = build_model(model.config, precision=precision, weights=model.state_dict())
+    return Trainer(built, data, cfg, device="cpu")
+
+
+@pytest.mark.parametrize("precision", [p for r, p in RECIPE_PRECISIONS.items() if r != "delayed"])
+def test_resume_reproduces_the_uninterrupted_run(
+    precision: str, data_factory: Callable[..., TokenData], tmp_path: Path
+) -> None:
+    def data() -> TokenData:
+        return data_factory(seed=0, block_size=CFG.block_size)
+
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    straight = _trainer(model, data(), precision, 8)
+    straight.train()
+    first = _trainer(model, data(), precision, 8)
+    first.train(4)
+    path = first.save(tmp_path / "ckpt.pt")
+    saved = load_checkpoint(path)["model"]
+    has_sr = any(key.endswith(SR_STATE_KEY) for key in saved)
+    assert has_sr == (precision == "nvfp4")
+    torch.manual_seed(123)  # another init and another stochastic-rounding seed
+    second = _trainer(GPT(CFG), data(), precision, 8)
+    second.resume(path)
+    second.train()
+    assert [r["loss"] for r in second.history] == [r["loss"] for r in straight.history]
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(second.model.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("precision", list(RECIPE_PRECISIONS.values()))
+def test_cli_trains_each_recipe_with_a_falling_loss(
+    precision: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    args = ["train", "--precision", precision, "--preset", "ci", "--steps", "10"]
+    args += ["--batch-size", "4", "--out", str(out), "--device", "cpu", "--no-progress"]
+    assert main(args) == 0, capsys.readouterr().err
+    history = load_checkpoint(out / "checkpoint.pt")["history"]
+    losses = [row["loss"] for row in history]
+    assert len(losses) == 10 and all(map(lambda v: v == v, losses))
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
+
+
+def test_delayed_is_still_the_fp8_policy() -> None:
+    assert RECIPE_PRECISIONS["delayed"] == "fp8"
+    assert isinstance(make_recipe("delayed"), DelayedScaling)

@@ -1,0 +1,130 @@
+"""``FP8Linear``'s GEMMs under the stateless recipes (``fp8.recipes``): current, block, MXFP8,
+NVFP4 and row-wise scaling.
+
+One forward + backward pass, as TE's ``Linear`` runs them with these recipes:
+    forward   x_q = Q_input(x), w_q = Q_weight(w)   (row-wise copies: scales along K)
+              y = x_q @ w_q^T (+ bias), in the activation dtype
+    backward  g_q = Q_grad(dy)                      (row-wise)
+              dgrad = g_q @ Q_weight^col(w)         (w's copy quantized along its other dimension)
+              wgrad = Q_grad^col(dy)^T-GEMM Q_input^col(x), in float32
+A column-wise copy is the transposed matrix quantized along its rows, so every GEMM here is
+``a @ b^T`` with both operands scaled along the reduced dimension (``quantized_matmul``). The
+forward saves the column-wise copies of x and w (what TE saves), not x and w.
+
+GEMM arithmetic (``quantized_matmul``):
+    per-tensor (current) and row-wise: ``fp8.gemm.scaled_gemm``: ``torch._scaled_mm`` on FP8
+        GPUs (row-wise: an ``(M, 1)`` and a ``(1, N)`` scale), else exact FP8 products summed in
+        float32 and then scaled, as the GPU does.
+    tiled (block, MXFP8, NVFP4): always emulated. Each element times its tile's scale is exact
+        in float32 (power-of-two scales: block's default and MXFP8's E8M0; NVFP4's E2M1 value
+        times an E4M3 scale has at most 6 significant bits), the products are summed in
+        float32, and NVFP4's two per-tensor scales multiply the sum, as the tensor cores apply
+        block scales inside the GEMM and the global scale to its result. With
+        ``power_2_scale=False`` block scales are not powers of two and the scaled elements round.
+        Hadamard-transformed operands (NVFP4's wgrad) are multiplied as they are: H is
+        orthogonal, so the transforms of both sides cancel in the product.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .gemm import scaled_gemm
+from .quantizers import QuantizedTensor
+from .quantizers.base import as_matrix, expand_tiles
+from .recipes import Recipe
+
+__all__ = ["RecipeLinearFunction", "quantized_matmul", "scaled_values"]
+
+_PER_ROW = ("current", "delayed", "rowwise")
+
+
+def scaled_values(q: QuantizedTensor) -> torch.Tensor:
+    """The matrix of element values times their tile scales, float32; without NVFP4's
+    per-tensor scale and without undoing a Hadamard transform (``QuantizedTensor.dequantize``
+    does both)."""
+    v = as_matrix(q.values())
+    scale = q.scale_inv.to(torch.float32)
+    if scale.numel() == 1:
+        return v * scale.reshape(())
+    return v * expand_tiles(scale.reshape(-1, scale.shape[-1]), q.tile, v.shape)
+
+
+def quantized_matmul(
+    a: QuantizedTensor,
+    b: QuantizedTensor,
+    out_dtype: torch.dtype,
+    emulate: bool,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    """``a @ b^T`` for operands quantized along their last (reduced) dimension (module
+    docstring for the arithmetic); ``(M, K) x (N, K) -> (M, N)`` in ``out_dtype``."""
+    if a.rht != b.rht:
+        raise ValueError("quantized_matmul: both operands or neither must be RHT-encoded.")
+    if a.recipe in _PER_ROW and b.recipe in _PER_ROW:
+        a_inv = a.scale_inv if a.scale_inv.numel() == 1 else a.scale_inv.reshape(-1, 1)
+        b_inv = b.scale_inv if b.scale_inv.numel() == 1 else b.scale_inv.reshape(1, -1)
+        a_data, b_data = as_matrix(a.data), as_matrix(b.data)
+        return scaled_gemm(
+            a_data, a_inv, b_data.t(), b_inv, None, out_dtype, emulate, use_fast_accum
+        )
+    with torch.autocast(a.data.device.type, enabled=False):
+        out = scaled_values(a) @ scaled_values(b).t()
+        if a.tensor_scale_inv is not None and b.tensor_scale_inv is not None:
+            out = out * (a.tensor_scale_inv * b.tensor_scale_inv)
+        return out.to(out_dtype)
+
+
+class RecipeLinearFunction(torch.autograd.Function):
+    """``y = x w^T + b`` with the GEMMs of a stateless recipe (module docstring)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        recipe: Recipe,
+        out_dtype: torch.dtype,
+        emulate: bool,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            x2 = x.reshape(-1, x.shape[-1])
+            x_q = recipe.quantizer("input").quantize(x2)
+            w_q = recipe.quantizer("weight").quantize(weight)
+            fast = recipe.fp8_gemm_fprop.use_fast_accum
+            out = quantized_matmul(x_q, w_q, out_dtype, emulate, fast)
+            if bias is not None:
+                out = (out.float() + bias.float()).to(out_dtype)
+            need_x, need_w = ctx.needs_input_grad[:2]
+            ctx.x_col = recipe.quantizer("input", True).quantize(x2.t()) if need_w else None
+            ctx.w_col = recipe.quantizer("weight", True).quantize(weight.t()) if need_x else None
+        ctx.recipe, ctx.emulate, ctx.generator = recipe, emulate, generator
+        ctx.x_shape, ctx.x_dtype, ctx.out_dtype = x.shape, x.dtype, out_dtype
+        ctx.w_dtype, ctx.b_dtype = weight.dtype, None if bias is None else bias.dtype
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        recipe: Recipe = ctx.recipe
+        dgrad = wgrad = bgrad = None
+        with torch.autocast(grad_out.device.type, enabled=False):
+            g = grad_out.reshape(-1, grad_out.shape[-1])
+            if need_x:
+                g_q = recipe.quantizer("grad_output", False, ctx.generator).quantize(g)
+                fast = recipe.fp8_gemm_dgrad.use_fast_accum
+                dgrad = quantized_matmul(g_q, ctx.w_col, ctx.out_dtype, ctx.emulate, fast)
+                dgrad = dgrad.reshape(ctx.x_shape).to(ctx.x_dtype)
+            if need_w:
+                g_col = recipe.quantizer("grad_output", True, ctx.generator).quantize(g.t())
+                fast = recipe.fp8_gemm_wgrad.use_fast_accum
+                wgrad = quantized_matmul(g_col, ctx.x_col, torch.float32, ctx.emulate, fast)
+                wgrad = wgrad.to(ctx.w_dtype)
+            if need_b and ctx.b_dtype is not None:
+                bgrad = g.float().sum(0).to(ctx.b_dtype)
+        ctx.x_col = ctx.w_col = None
+        return dgrad, wgrad, bgrad, None, None, None, None

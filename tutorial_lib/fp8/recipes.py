@@ -1,0 +1,359 @@
+"""The FP8 (and FP4) training recipes other than delayed scaling, named as Transformer Engine names
+them, and where each one runs natively.
+
+    recipe                 ours       per operand                                   state
+    DelayedScaling         "delayed"  one scale per tensor, from earlier steps      amax history
+    Float8CurrentScaling   "current"  one scale per tensor, from this tensor        none
+    Float8BlockScaling     "block"    1x128 tiles (128x128 for weights)             none
+    MXFP8BlockScaling      "mxfp8"    1x32 blocks, E8M0 scales                      none
+    NVFP4BlockScaling      "nvfp4"    E2M1, 1x16 blocks (16x16 weights), E4M3 +     SR generator
+                                      FP32 scales, Hadamard transform on wgrad
+    Float8RowwiseScaling   "rowwise"  one scale per row (torchao's ``rowwise``)     none
+
+``DelayedScaling`` lives in ``scaling`` (it has state and an update rule); the others are here.
+Each is a frozen dataclass with TE's field names and defaults where TE has them (TE nests the
+per-tensor options in ``QParams``; here they are flat fields, the same for the three tensors).
+``quantizer(role, columnwise)`` gives the ``fp8.quantizers`` quantizer for one GEMM operand:
+the row-wise copy feeds the forward GEMM (and grad_output's dgrad), the column-wise copy (the
+transposed matrix, quantized along the other dimension, as TE does) feeds the backward GEMMs.
+``FP8Linear`` trains with any of them inside ``fp8.autocast(recipe=...)`` (``recipe_linear``).
+
+Where they run (``NATIVE``): our ``FP8Linear`` calls ``torch._scaled_mm`` for the per-tensor
+and row-wise recipes on FP8 GPUs; the tiled recipes (block, MXFP8, NVFP4) it always emulates,
+since their native kernels are Transformer Engine's (the ``te-fp8`` policy). On a GPU that
+cannot run a recipe natively, ``check_recipe_device`` raises an error naming the GPU the recipe
+needs, unless emulation is asked for (``emulate=True``). A CPU always emulates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from ..hardware import cuda_capability
+from .quantizers import Quantizer, get_quantizer
+from .scaling import DelayedScaling, Format, MMParams
+
+__all__ = [
+    "Recipe",
+    "Float8CurrentScaling",
+    "Float8BlockScaling",
+    "MXFP8BlockScaling",
+    "NVFP4BlockScaling",
+    "Float8RowwiseScaling",
+    "RECIPES",
+    "RECIPE_PRECISIONS",
+    "NativeSupport",
+    "NATIVE",
+    "recipe_name",
+    "make_recipe",
+    "check_recipe_device",
+    "sr_seed",
+]
+
+_SPLIT = MMParams(use_split_accumulator=True)
+_FAST = MMParams(use_split_accumulator=False)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What every recipe here has: TE's three GEMM accumulation settings, and a quantizer per
+    operand. ``name`` is our short name, ``te_name`` TE's class name ("" if not TE's)."""
+
+    name: ClassVar[str] = ""
+    te_name: ClassVar[str] = ""
+    fp8_gemm_fprop: MMParams = _SPLIT
+    fp8_gemm_dgrad: MMParams = _SPLIT
+    fp8_gemm_wgrad: MMParams = _SPLIT
+
+    def __post_init__(self) -> None:
+        for gemm in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+            if not isinstance(getattr(self, gemm), MMParams):
+                raise TypeError(f"{gemm} must be an MMParams, got {getattr(self, gemm)!r}.")
+
+    def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
+        """Keyword options of ``get_quantizer(self.name, role, ...)`` for one copy."""
+        return {}
+
+    def quantizer(
+        self, role: str, columnwise: bool = False, generator: torch.Generator | None = None
+    ) -> Quantizer:
+        """The quantizer for ``role``'s row-wise (forward) or column-wise (backward) copy."""
+        options = self.quantizer_options(role, columnwise)
+        if generator is not None and options.get("stochastic_rounding"):
+            options["generator"] = generator
+        return get_quantizer(self.name, role, **options)
+
+    @property
+    def uses_stochastic_rounding(self) -> bool:
+        return False
+
+    def shape_problem(self, tokens: int, in_features: int, out_features: int) -> str | None:
+        """Why this recipe's emulation cannot run a GEMM of these sizes (None: it can). Tiles
+        are padded, so only a transform with a fixed size constrains them (NVFP4's RHT)."""
+        return None
+
+
+@dataclass(frozen=True)
+class Float8CurrentScaling(Recipe):
+    """TE's ``Float8CurrentScaling``: each tensor scaled by its own amax, every time.
+
+    fp8_format: ``Format.HYBRID`` (TE's default: E4M3 forward, E5M2 gradients) or E4M3.
+    power_2_scale, amax_epsilon: TE's ``QParams`` (defaults False and 0.0).
+    Accumulation: TE's defaults, fast in the forward GEMM, split in dgrad and wgrad.
+    No state: nothing to update, nothing in a checkpoint.
+    """
+
+    name: ClassVar[str] = "current"
+    te_name: ClassVar[str] = "Float8CurrentScaling"
+    fp8_format: Format = Format.HYBRID
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+    fp8_gemm_fprop: MMParams = _FAST
+
+    def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
+        return {
+            "fp8_format": self.fp8_format,
+            "power_2_scale": self.power_2_scale,
+            "amax_epsilon": self.amax_epsilon,
+        }
+
+
+@dataclass(frozen=True)
+class Float8BlockScaling(Recipe):
+    """TE's ``Float8BlockScaling`` (DeepSeek-V3's scheme): float32 scales per tile.
+
+    fp8_format: ``Format.E4M3`` (TE's default: E4M3 in both passes) or HYBRID.
+    power_2_scale (True), amax_epsilon (0.0): TE's ``QParams`` defaults for this recipe.
+    x_block_scaling_dim, w_block_scaling_dim, grad_block_scaling_dim: 1 (1x128 tiles) or 2
+        (128x128); TE's defaults 1, 2, 1.
+    Accumulation: split in all three GEMMs (TE's defaults for this recipe).
+    """
+
+    name: ClassVar[str] = "block"
+    te_name: ClassVar[str] = "Float8BlockScaling"
+    fp8_format: Format = Format.E4M3
+    power_2_scale: bool = True
+    amax_epsilon: float = 0.0
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
+
+    def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
+        dims = {
+            "input": self.x_block_scaling_dim,
+            "weight": self.w_block_scaling_dim,
+            "grad_output": self.grad_block_scaling_dim,
+        }
+        return {
+            "fp8_format": self.fp8_format,
+            "power_2_scale": self.power_2_scale,
+            "amax_epsilon": self.amax_epsilon,
+            "block_scaling_dim": dims[role],
+        }
+
+
+@dataclass(frozen=True)
+class MXFP8BlockScaling(Recipe):
+    """TE's ``MXFP8BlockScaling`` (OCP MX): 32 elements along a row share an E8M0 scale.
+
+    fp8_format: ``Format.E4M3`` (TE's default) or HYBRID. TE's ``margin`` is not offered
+    (its MXFP8 kernels ignore it). The column-wise copy is quantized from the high-precision
+    tensor along the other dimension, not transposed (a 1x32 block is not a 32x1 block).
+    """
+
+    name: ClassVar[str] = "mxfp8"
+    te_name: ClassVar[str] = "MXFP8BlockScaling"
+    fp8_format: Format = Format.E4M3
+
+    def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
+        return {"fp8_format": self.fp8_format}
+
+
+@dataclass(frozen=True)
+class NVFP4BlockScaling(Recipe):
+    """TE's ``NVFP4BlockScaling``: E2M1 elements, E4M3 scales per 16 elements and a float32
+    scale per tensor (``quantizers.nvfp4``).
+
+    As TE's defaults (each switch off with its ``disable_*`` field):
+        2-D quantization: 16x16 blocks for weights (so the weight's transpose reuses them);
+        random Hadamard transform: on the column-wise copies of inputs and gradients, the
+            operands of the wgrad GEMM (both sides, so the transforms cancel in the product);
+        stochastic rounding: of gradients (row-wise and column-wise copies), drawn from each
+            layer's own seeded generator, which checkpoints keep (``FP8Linear``).
+    """
+
+    name: ClassVar[str] = "nvfp4"
+    te_name: ClassVar[str] = "NVFP4BlockScaling"
+    disable_rht: bool = False
+    disable_stochastic_rounding: bool = False
+    disable_2d_quantization: bool = False
+
+    def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
+        return {
+            "block_2d": role == "weight" and not self.disable_2d_quantization,
+            "rht": columnwise and role != "weight" and not self.disable_rht,
+            "stochastic_rounding": role == "grad_output" and not self.disable_stochastic_rounding,
+        }
+
+    @property
+    def uses_stochastic_rounding(self) -> bool:
+        return not self.disable_stochastic_rounding
+
+    def shape_problem(self, tokens: int, in_features: int, out_features: int) -> str | None:
+        if self.disable_rht or tokens % 16 == 0:
+            return None
+        return (
+            f"NVFP4's random Hadamard transform mixes 16 tokens at a time in the wgrad GEMM, so "
+            f"the token count (batch x sequence) must be a multiple of 16, not {tokens}; "
+            "choose such a batch, or NVFP4BlockScaling(disable_rht=True)"
+        )
+
+
+@dataclass(frozen=True)
+class Float8RowwiseScaling(Recipe):
+    """torchao's ``rowwise`` float8 training recipe (not a TE recipe): one scale per row of
+    every GEMM operand, along the dimension the GEMM does not reduce (``torch._scaled_mm``'s
+    row-wise mode), E4M3 everywhere, scales rounded down to powers of two (``power_2_scale``,
+    torchao's ``round_scales_to_power_of_2``)."""
+
+    name: ClassVar[str] = "rowwise"
+    te_name: ClassVar[str] = ""
+    power_2_scale: bool = True
+    fp8_gemm_fprop: MMParams = _FAST
+
+    def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
+        return {"power_2_scale": self.power_2_scale}
+
+
+RECIPES: dict[str, type[Any]] = {
+    "delayed": DelayedScaling,
+    "current": Float8CurrentScaling,
+    "block": Float8BlockScaling,
+    "mxfp8": MXFP8BlockScaling,
+    "nvfp4": NVFP4BlockScaling,
+    "rowwise": Float8RowwiseScaling,
+}
+# The precision policy that trains with each recipe (``fp8.policy``; ``--precision``).
+RECIPE_PRECISIONS: dict[str, str] = {
+    "delayed": "fp8",
+    "current": "fp8-current",
+    "block": "fp8-block",
+    "mxfp8": "mxfp8",
+    "nvfp4": "nvfp4",
+    "rowwise": "fp8-rowwise",
+}
+_TE_NAMES = {"DelayedScaling": "delayed"} | {
+    cls.te_name: name for name, cls in RECIPES.items() if getattr(cls, "te_name", "")
+}
+
+
+def recipe_name(recipe: object) -> str:
+    """Our short name of a recipe object, a short name, or TE's class name."""
+    if isinstance(recipe, str):
+        name = _TE_NAMES.get(recipe, recipe)
+        if name not in RECIPES:
+            raise ValueError(
+                f"Unknown FP8 recipe {recipe!r}. Choose one of {', '.join(map(repr, RECIPES))} "
+                f"(or TE's names {', '.join(map(repr, _TE_NAMES))})."
+            )
+        return name
+    for name, cls in RECIPES.items():
+        if type(recipe) is cls:
+            return name
+    raise TypeError(
+        f"{type(recipe).__name__} is not an FP8 recipe of this package; use one of "
+        f"{', '.join(cls.__name__ for cls in RECIPES.values())}."
+    )
+
+
+def make_recipe(recipe: object = "delayed", **options: Any) -> Any:
+    """A recipe object from a name (ours or TE's) and its fields; a recipe object is returned
+    as it is (no options allowed then)."""
+    if not isinstance(recipe, str):
+        recipe_name(recipe)  # type check
+        if options:
+            raise TypeError("make_recipe: pass options only with a recipe name.")
+        return recipe
+    cls = RECIPES[recipe_name(recipe)]
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise TypeError(
+            f"{cls.__name__} has no field {', '.join(map(repr, unknown))}; its fields are "
+            f"{', '.join(allowed)}."
+        )
+    return cls(**options)
+
+
+@dataclass(frozen=True)
+class NativeSupport:
+    """Where a recipe's GEMMs run natively.
+
+    min_cc: the oldest GPU architecture with the math (compute capability); gpus: its names.
+    ours: True when ``FP8Linear`` itself calls the native kernel there (``torch._scaled_mm``);
+        False when only Transformer Engine has it (``te-fp8`` policy), so ours emulates.
+    note: what else it needs.
+    """
+
+    min_cc: tuple[int, int]
+    gpus: str
+    ours: bool
+    note: str = ""
+
+
+# From TE's support checks (pytorch/quantization.py: check_fp8_support, check_mxfp8_support,
+# check_fp8_block_scaling_support, check_nvfp4_support) and torch._scaled_mm's requirements.
+NATIVE: dict[str, NativeSupport] = {
+    "delayed": NativeSupport((8, 9), "Ada (sm_89), Hopper (sm_90) and later", True),
+    "current": NativeSupport((8, 9), "Ada (sm_89), Hopper (sm_90) and later", True),
+    "rowwise": NativeSupport(
+        (8, 9), "Ada (sm_89), Hopper (sm_90) and later", True, "torch._scaled_mm row-wise scales"
+    ),
+    "block": NativeSupport((9, 0), "Hopper (sm_90)", False, "CUDA 12.9+ and TE's blockwise GEMM"),
+    "mxfp8": NativeSupport((10, 0), "Blackwell (sm_100)", False, "TE's MXFP8 GEMM"),
+    "nvfp4": NativeSupport((10, 0), "Blackwell (sm_100)", False, "TE's NVFP4 GEMM"),
+}
+
+
+def check_recipe_device(
+    recipe: object, device: torch.device | str, emulate: bool | None, who: str = "FP8Linear"
+) -> bool:
+    """Whether ``recipe``'s GEMMs are emulated on ``device``: True on a CPU or when ``emulate``
+    is set; False where ``FP8Linear`` runs them natively. Else a RuntimeError naming the GPU
+    the recipe needs and how to ask for the emulation."""
+    gpu = cuda_capability(device)
+    if gpu is None or emulate:
+        return True
+    name, cc = gpu
+    key = recipe_name(recipe)
+    native = NATIVE[key]
+    if native.ours and cc >= native.min_cc:
+        return False
+    where = (
+        f"natively it needs {native.gpus}"
+        + (f" and {native.note}" if native.note else "")
+        + ("" if native.ours else ", and this package runs it only as an emulation")
+    )
+    raise RuntimeError(
+        f"{who}: the {key!r} FP8 recipe cannot run natively here: {where}; {name} is "
+        f"sm_{cc[0]}{cc[1]}. Ask for the emulation (exact FP8/FP4 values, float32 math, no "
+        "speed-up): FP8Linear(..., emulate=True), tutorial_lib.fp8.autocast(emulate=True) or "
+        "make_fp8_policy(..., emulate=True)"
+        + (
+            ""
+            if native.ours
+            else f"; or run it with Transformer Engine on such a GPU (te-fp8, recipe {key!r})"
+        )
+        + ". Or train with 'bf16'."
+    )
+
+
+def sr_seed(layer_name: str) -> int:
+    """The seed of a layer's stochastic-rounding generator: this run's torch seed mixed with the
+    layer's name, so layers draw different noise and a rerun with the same seed draws the same."""
+    return (torch.initial_seed() * 0x9E3779B1 + zlib.crc32(layer_name.encode())) % (1 << 63)
