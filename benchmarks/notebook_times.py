@@ -9,7 +9,7 @@ writes ``notebook_times__<cpu>__<date>.json``/``.md`` through ``perf.write_resul
 with the machine (CPU model and matrix instructions, torch, date). Each row: the notebook, its
 seconds, its outcome, and whether it stayed within the budget (90 s at the ``ci`` preset on a
 2-core CPU). ``--inductor-cache`` records whether ``torch.compile``'s on-disk cache was warm: on a
-fresh machine, compiling the graphs of chapters 6 and 7 adds about a minute to each. ``--check`` exits 1 when a
+fresh machine, compiling the graphs of chapters 7 and 8 adds about a minute to each. ``--check`` exits 1 when a
 notebook failed or went over the budget, naming it.
 
 The hard stop is elsewhere: ``make test`` gives each test, notebooks included, a

@@ -58,8 +58,11 @@ def _fails(exercise_id: str, fn: Any) -> str:
 
 # ---- the registry --------------------------------------------------------------------------
 def test_every_chapter_has_an_exercise() -> None:
-    assert {ex.chapter for ex in exercises.list_exercises()} == set(range(1, 10))
-    assert IDS == [f"{n}.1" for n in range(1, 10)]
+    # The chapters are the notebooks that exist (a slot may be empty while its chapter is written).
+    notebooks = (Path(__file__).parents[1] / "book" / "chapters").glob("[0-9][0-9]_*.ipynb")
+    chapters = sorted(int(p.name[:2]) for p in notebooks)
+    assert {ex.chapter for ex in exercises.list_exercises()} == set(chapters)
+    assert IDS == [f"{n}.1" for n in chapters]
 
 
 @pytest.mark.parametrize("exercise_id", IDS)
@@ -118,7 +121,7 @@ def test_stubs_pass_the_notebook_lint(tmp_path: Path) -> None:
 
 def test_unknown_id_and_non_function() -> None:
     with pytest.raises(KeyError, match="the exercises are 1.1"):
-        check("10.1", lambda: None)
+        check("99.1", lambda: None)
     with pytest.raises(ExerciseError, match=r"needs your function itself.*quantize_e4m3"):
         check("4.1", "quantize_e4m3")  # type: ignore[arg-type]
 
@@ -126,7 +129,7 @@ def test_unknown_id_and_non_function() -> None:
 # ---- solutions pass, stubs are "not written yet" ------------------------------------------
 @pytest.mark.parametrize("exercise_id", IDS)
 def test_solution_passes(exercise_id: str, capsys: pytest.CaptureFixture[str]) -> None:
-    if exercise_id == "6.1" and not TRITON_OK:
+    if exercise_id == "7.1" and not TRITON_OK:
         pytest.skip(triton_status()[1])
     result = check(exercise_id, solution(exercise_id))
     assert result.passed and result.cases_passed == result.cases_total >= 3
@@ -139,7 +142,7 @@ def test_the_shown_solution_runs_with_only_the_stub_imports(
 ) -> None:
     """What the notebook shows under "A worked solution", pasted over the stub, defines a
     function that passes (a file, not exec: Triton reads a kernel's source from its file)."""
-    if exercise_id == "6.1" and not TRITON_OK:
+    if exercise_id == "7.1" and not TRITON_OK:
         pytest.skip(triton_status()[1])
     ex = exercises.get_exercise(exercise_id)
     imports = [ln for ln in stub(exercise_id).splitlines() if ln.startswith(("import ", "from "))]
@@ -174,9 +177,9 @@ def test_stub_is_not_written_yet(
 def test_unavailable_exercise_says_why(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ex = dataclasses.replace(checker.REGISTRY["6.1"], unavailable=lambda: "no Triton here")
-    monkeypatch.setitem(checker.REGISTRY, "6.1", ex)
-    result = check("6.1", solution("6.1"))
+    ex = dataclasses.replace(checker.REGISTRY["7.1"], unavailable=lambda: "no Triton here")
+    monkeypatch.setitem(checker.REGISTRY, "7.1", ex)
+    result = check("7.1", solution("7.1"))
     assert result.status == "unavailable" and not result.passed
     assert "no Triton here" in capsys.readouterr().out
 
@@ -228,7 +231,7 @@ def test_not_implemented_deeper_down_is_a_failure_not_a_stub() -> None:
 
 
 def test_a_number_expected_and_a_tensor_returned() -> None:
-    msg = _fails("9.1", lambda n, k, f: torch.tensor(1.0))
+    msg = _fails("10.1", lambda n, k, f: torch.tensor(1.0))
     assert "expected a Python number" in msg and ".item()" in msg
 
 
@@ -335,14 +338,14 @@ WRONG = [
         r"case 2 of 5.*\n  new_history: wrong value at index \(1, 1\)",
     ),
     ("5.1", scaling_in_place, r"changed its input amax_history in place"),
-    ("6.1", gelu_forgets_the_bias, r"case 1 of 3.*\n  result: wrong value at index \(0, \d+\)"),
-    ("7.1", mfu_without_attention, r"case 1 of 4: gpt2-124m.*\n  result: wrong value: expected"),
+    ("7.1", gelu_forgets_the_bias, r"case 1 of 3.*\n  result: wrong value at index \(0, \d+\)"),
+    ("8.1", mfu_without_attention, r"case 1 of 4: gpt2-124m.*\n  result: wrong value: expected"),
     (
-        "8.1",
+        "9.1",
         column_parallel_remainder_last,
         r"result\[0\]: wrong shape: expected \(2, 3, 4\), got \(2, 3, 3\)",
     ),
-    ("9.1", survival_binomial, r"case 1 of 7.*\n  result: wrong value: expected"),
+    ("10.1", survival_binomial, r"case 1 of 7.*\n  result: wrong value: expected"),
 ]
 
 
@@ -350,7 +353,7 @@ WRONG = [
     ("exercise_id", "fn", "pattern"), WRONG, ids=[w[1].__name__ for w in WRONG]
 )
 def test_wrong_solution_names_the_problem(exercise_id: str, fn: Any, pattern: str) -> None:
-    if exercise_id == "6.1" and not TRITON_OK:
+    if exercise_id == "7.1" and not TRITON_OK:
         pytest.skip(triton_status()[1])
     message = _fails(exercise_id, fn)
     assert re.search(pattern, message, re.DOTALL), message

@@ -84,17 +84,17 @@ def test_included_exercise_files_exist(nb_path: Path) -> None:
 
 
 def test_shown_but_not_run_code_still_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """ch7-ex1's solution code trains, so it is a plain block, not a doctest; run it here, with
+    """ch8-ex1's solution code trains, so it is a plain block, not a doctest; run it here, with
     the names the notebook's setup cell defines, so it cannot silently break."""
     import torch
 
     from tutorial_lib import get_preset
     from tutorial_lib.bench import ladder
 
-    text = (EXERCISES / "ch07.md").read_text(encoding="utf-8")
+    text = (EXERCISES / "ch08.md").read_text(encoding="utf-8")
     blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
-    assert len(blocks) == 1, f"expected ch7-ex1's one python block, found {len(blocks)}"
+    assert len(blocks) == 1, f"expected ch8-ex1's one python block, found {len(blocks)}"
     namespace = {"ladder": ladder, "preset": get_preset("ci"), "device": torch.device("cpu")}
-    exec(compile(blocks[0], "ch07.md:ch7-ex1", "exec"), namespace)  # noqa: S102
+    exec(compile(blocks[0], "ch08.md:ch8-ex1", "exec"), namespace)  # noqa: S102
     out = capsys.readouterr().out
     assert "rung 4 (Triton) runs at" in out, out

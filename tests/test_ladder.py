@@ -173,7 +173,7 @@ def test_compiled_rungs_record_their_graph_breaks(
     assert again[0]["graph_breaks"] == fp8["graph_breaks"]
     assert again[0]["graph_break_sites"] == fp8["graph_break_sites"]
     assert fp8["frames_run_eagerly"] >= 1  # the break inside GPT.forward's loop over blocks
-    # count_breaks=False (chapter 6's step rows) keeps Dynamo's cache: no reset, no count.
+    # count_breaks=False (chapter 7's step rows) keeps Dynamo's cache: no reset, no count.
     reused = run_ladder(
         deeper, "cpu", rungs[1:2], steps=1, batch=2, data=data, progress=False, count_breaks=False
     )

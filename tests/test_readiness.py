@@ -267,7 +267,7 @@ def test_old_python_and_torch() -> None:
 def test_triton_on_macos_is_optional() -> None:
     report = evaluate(machine(platform="darwin", packages={**PACKAGES, "triton": None}))
     triton = row(report, "Triton")
-    assert triton.status == OPTIONAL and "chapter 6" in triton.detail
+    assert triton.status == OPTIONAL and "chapter 7" in triton.detail
     assert report.ready
 
 

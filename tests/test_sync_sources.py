@@ -28,10 +28,10 @@ CORE = {
     "03": ["tutorial_lib.precision:PrecisionPolicy"],
     "04": ["tutorial_lib.fp8.formats:quantize"],
     "05": ["tutorial_lib.fp8.scaling:update_amax_and_scale", "tutorial_lib.fp8.linear:_FP8Linear"],
-    "06": ["tutorial_lib.kernels.bias_gelu:_bias_gelu_fwd_kernel"],
-    "07": ["tutorial_lib.bench.ladder:ladder_rungs"],
-    "08": ["tutorial_lib.parallel.tp:ColumnParallelLinear", "tutorial_lib.parallel.tp:RowParallel"],
-    "09": ["tutorial_lib.cluster.plans:plan_cluster"],
+    "07": ["tutorial_lib.kernels.bias_gelu:_bias_gelu_fwd_kernel"],
+    "08": ["tutorial_lib.bench.ladder:ladder_rungs"],
+    "09": ["tutorial_lib.parallel.tp:ColumnParallelLinear", "tutorial_lib.parallel.tp:RowParallel"],
+    "10": ["tutorial_lib.cluster.plans:plan_cluster"],
 }
 
 

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--resume", action="store_true", help="continue from OUT/checkpoint.pt if it exists"
     )
-    train.add_argument("--fused", action="store_true", help="our Triton kernels (chapter 6)")
+    train.add_argument("--fused", action="store_true", help="our Triton kernels (chapter 7)")
     train.add_argument("--compile", action="store_true", help="torch.compile the training step")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.add_argument(
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="run a benchmark and record it (JSON + Markdown)")
     bench.add_argument(
-        "--ladder", action="store_true", help="the ablation ladder, fp32 eager to FP8 (chapter 7)"
+        "--ladder", action="store_true", help="the ablation ladder, fp32 eager to FP8 (chapter 8)"
     )
     bench.add_argument("--preset", choices=list(PRESETS), help="default: $TUTORIAL_PRESET/auto")
     bench.add_argument(

@@ -137,7 +137,7 @@ class RunPreset:
     Comparisons (chapter 3's FP32 vs BF16 parity run, and later ones):
         parity_steps, parity_batch_size: a shorter run, since BF16 is slow on CPUs without BF16
             matrix instructions (AVX2 only).
-        ladder_steps: steps per rung of chapter 7's ablation ladder (batch parity_batch_size).
+        ladder_steps: steps per rung of chapter 8's ablation ladder (batch parity_batch_size).
     sample_tokens: how many bytes ``generate`` writes in the sampling demos.
     """
 

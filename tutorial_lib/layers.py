@@ -4,7 +4,7 @@ The model never calls ``nn.Linear`` directly. It asks a ``LayerFactory`` for a l
 the layer is for (its *role*). Later chapters pass other factories: tensor-parallel column/row
 layers, Transformer Engine modules, or our Triton kernels. The model code does not change.
 
-A backend that fuses across layers (chapter 6: the residual add into the LayerNorm, the ``mlp.fc``
+A backend that fuses across layers (chapter 7: the residual add into the LayerNorm, the ``mlp.fc``
 bias into the GELU kernel) returns its own ``Block`` or ``MLP`` variant from ``block`` / ``mlp``;
 the plain ones in ``model.py`` never ask what kind of layer they hold.
 

@@ -147,15 +147,15 @@ def _check_triton(m: Machine) -> Check:
             return Check(
                 "Triton",
                 MISSING,
-                "not installed (a dependency on Linux; chapter 6's kernels need it)",
+                "not installed (a dependency on Linux; chapter 7's kernels need it)",
                 SETUP_FIX,
             )
         return Check(
             "Triton",
             OPTIONAL,
-            f"no Triton wheel for {m.platform}: chapter 6's kernel cells fail with an error "
+            f"no Triton wheel for {m.platform}: chapter 7's kernel cells fail with an error "
             "saying so; every other cell runs",
-            "for chapter 6's kernels, use a Linux machine",
+            "for chapter 7's kernels, use a Linux machine",
         )
     if m.gpu is not None:
         return Check("Triton", OK, f"{version}: kernels compile for the GPU ({m.gpu.sm})")
@@ -173,7 +173,7 @@ def _check_cxx(m: Machine) -> Check:
     return Check(
         "C++ compiler",
         MISSING,
-        "none found (torch.compile needs one on a CPU: chapters 6 and 7)",
+        "none found (torch.compile needs one on a CPU: chapters 7 and 8)",
         "sudo apt-get install g++ (Debian/Ubuntu) or xcode-select --install (macOS)",
     )
 
@@ -208,7 +208,7 @@ def _check_ram(m: Machine) -> Check:
         MIN_RAM_BYTES,
         "total",
         "could not read the total memory",
-        "use a machine with 8 GB or more (chapter 8 starts 7 processes, each importing PyTorch)",
+        "use a machine with 8 GB or more (chapter 9 starts 7 processes, each importing PyTorch)",
     )
 
 
@@ -300,7 +300,7 @@ def _check_te(m: Machine) -> Check:
     return Check(
         "Transformer Engine",
         OPTIONAL,
-        "not available: the te-fp8 cells (chapters 5 to 7) skip with the reason",
+        "not available: the te-fp8 cells (chapters 5, 7 and 8) skip with the reason",
         "optional: see book/te_install.md (NVIDIA's PyTorch container, or pip against your torch)",
     )
 

@@ -1,4 +1,4 @@
-"""Number figures, tables and exercises per chapter: "Fig. 4.2", "Exercise 6.1".
+"""Number figures, tables and exercises per chapter: "Fig. 4.2", "Exercise 7.1".
 
 Without a numbered toctree Sphinx counts every numbered object across the whole book, so the
 first exercise of chapter 4 was "Exercise 11". Our chapters carry their numbers in their titles

@@ -8,7 +8,7 @@ measuring tools of ``tutorial_lib.perf``, and nothing below it imports it.
 - ``policy_bench``: one training step per precision policy (chapter 3, benchmarks/precision.py);
 - ``fp8_model``: the roofline model of when FP8 pays off (chapter 5);
 - ``gemm_bench``: BF16 vs FP8 GEMM times by width on rotating inputs (chapter 5);
-- ``ladder``: chapter 7's ablation ladder; ``fusion_bench``: chapter 6's ops and steps.
+- ``ladder``: chapter 8's ablation ladder; ``fusion_bench``: chapter 7's ops and steps.
 """
 
 from .fp8_model import GemmCost, linear_layer_cost, sweep

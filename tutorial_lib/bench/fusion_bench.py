@@ -1,5 +1,5 @@
 """Memory-bound ops three ways (eager, ``torch.compile``, our Triton kernels) and whole training
-steps eager vs compiled vs fused: the measurements behind chapter 6 and ``benchmarks/fusion.py``.
+steps eager vs compiled vs fused: the measurements behind chapter 7 and ``benchmarks/fusion.py``.
 
 Each op row has the median time, the op's minimum HBM traffic (``kernels.traffic``), the achieved
 bandwidth against that minimum and, on a GPU in the spec table, the fraction of the datasheet's
@@ -159,7 +159,7 @@ def step_rows(preset: RunPreset, device: torch.device, steps: int) -> list[dict[
     rungs = [Rung("eager", precision), Rung("compile", precision, compile=True)]
     if device.type == "cuda":
         rungs.append(Rung("triton kernels", precision, fused=True))
-    rows = run_ladder(  # count_breaks=False: reuse what chapter 6 compiled in section 6.4
+    rows = run_ladder(  # count_breaks=False: reuse what chapter 7 compiled in section 7.4
         preset,
         device,
         rungs,

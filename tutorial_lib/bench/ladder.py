@@ -1,4 +1,4 @@
-"""The ablation ladder (chapter 7): each rung differs from the one below it in one thing.
+"""The ablation ladder (chapter 8): each rung differs from the one below it in one thing.
 
     1. fp32 eager        the baseline
     2. tf32              FP32 matmuls on TF32 tensor cores (CUDA only)

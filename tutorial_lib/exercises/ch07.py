@@ -1,76 +1,84 @@
-"""Exercise 7.1: MFU from a measured step time, checked against ``perf.mfu`` with the FLOP
-count of ``flops.training_flops_per_token`` (what ``GPT.flops_per_token`` returns)."""
+"""Exercise 7.1: a fused bias + GELU kernel in Triton, checked against
+``kernels.bias_gelu_reference`` (on the CPU it runs in Triton's interpreter, so shapes are tiny)."""
 
 from __future__ import annotations
 
-from ..config import MODEL_SIZES, GPTConfig
-from ..flops import training_flops_per_token
-from ..hardware import SPECS, DeviceSpec
-from ..perf.mfu import mfu, tokens_per_second
+import torch
+
+from ..kernels.bias_gelu import bias_gelu_reference
+from ..kernels.runtime import interpreter_mode, triton_status
 from .base import Case, Exercise
 
 STUB = '''\
-def mfu_from_step(
-    cfg, batch_size: int, step_seconds: float, peak_flops: float
-) -> float:
-    """Model FLOPs utilisation of one training step, as a fraction.
+import torch
 
-    cfg: a tutorial_lib.GPTConfig (n_layer, n_embd, block_size,
-         vocab_size); each step trains batch_size sequences of
-         cfg.block_size tokens in step_seconds.
-    peak_flops: the device's datasheet peak, FLOP/s.
-    Model FLOPs per token: 6 N + 12 L T C with N = 12 L C^2 + V C.
+from tutorial_lib.kernels.runtime import tl, triton  # Triton, or a stand-in
+
+
+@triton.jit
+def bias_gelu_kernel(x_ptr, bias_ptr, y_ptr, N, BLOCK_N: tl.constexpr):
+    # One program per row of x (M, N): y[row] = GELU(x[row] + bias).
+    # row = tl.program_id(0); cols = tl.arange(0, BLOCK_N); mask = cols < N
+    # Load x[row, cols] and bias[cols] (masked) as float32 and add them:
+    # GELU(h) = 0.5 h (1 + tanh(u)), u = sqrt(2 / pi) (h + 0.044715 h^3),
+    # tanh(u) = 1 - 2 / (1 + exp(2 u)). Store y[row, cols] as y's dtype.
+    pass
+
+
+def fused_bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """GELU_tanh(x + bias) with one launch of bias_gelu_kernel.
+
+    x: (M, N) contiguous; bias: (N,). Returns a new (M, N) tensor of
+    x's dtype, computed in float32 inside the kernel.
     """
-    raise NotImplementedError
+    y = torch.empty_like(x)
+    M, N = x.shape
+    raise NotImplementedError  # write the kernel, then delete this line
+    grid = (M,)
+    bias_gelu_kernel[grid](x, bias, y, N, BLOCK_N=triton.next_power_of_2(N))
+    return y
 '''
 
 TASK = (
-    "The ladder's table reports MFU next to every step time. Compute it: the tokens per second "
-    "of the step (`batch_size` x `cfg.block_size` tokens in `step_seconds`), times the model's "
-    "training FLOPs per token (6N + 12LTC with N = 12LC^2 + VC: the matmul weights, forward "
-    "and backward, plus the attention scores over the full T x T matrix), divided by the "
-    "device's peak FLOP/s."
+    "Write the kernel: each program loads one row of `x` and the bias once, adds them, applies "
+    "GPT-2's tanh GELU in float32 registers and stores the row once, so `x + bias` never makes "
+    "a round trip through memory. The launcher is written for you: delete its `raise` line "
+    'when the kernel is done; the result must match `F.gelu(x + bias, approximate="tanh")`. '
+    "On a CPU the kernel runs in Triton's interpreter, slowly, so the checked shapes are small."
 )
 
 
+def _device() -> torch.device:
+    return torch.device("cpu" if interpreter_mode() else "cuda")
+
+
+def _unavailable() -> str | None:
+    ok, reason = triton_status()
+    return None if ok else reason
+
+
 def _cases() -> list[Case]:
+    g = torch.Generator().manual_seed(606)
     out = []
-    odd = GPTConfig(vocab_size=257, block_size=29, n_layer=3, n_head=3, n_embd=36)
-    for cfg_name, cfg, batch, seconds, device, dtype in [
-        ("gpt2-124m", MODEL_SIZES["gpt2-124m"], 8, 0.095, "H100 SXM", "bf16"),
-        ("an odd tiny model", odd, 5, 0.0031, "A100", "fp32"),
-        ("fp8-2.7b", MODEL_SIZES["fp8-2.7b"], 4, 0.87, "H200", "fp8"),
-        ("tiny", MODEL_SIZES["tiny"], 16, 0.25, "H100 PCIe", "bf16"),
-    ]:
-        peak = SPECS[device].peak(dtype)
-        args = {"cfg": cfg, "batch_size": batch, "step_seconds": seconds, "peak_flops": peak}
-        label = f"{cfg_name}, batch {batch}, {seconds} s per step, {device} {dtype} peak"
-        out.append(Case(label, args))
+    for m, n, dtype in [(3, 37, torch.float32), (2, 130, torch.float32), (4, 8, torch.float16)]:
+        x = (torch.randn(m, n, generator=g) * 3).to(dtype)
+        bias = torch.randn(n, generator=g).to(dtype)
+        label = f"x of shape ({m}, {n}), {str(dtype).removeprefix('torch.')}"
+        out.append(Case(label, {"x": x.to(_device()), "bias": bias.to(_device())}))
     return out
-
-
-def _reference(cfg: GPTConfig, batch_size: int, step_seconds: float, peak_flops: float) -> float:
-    tps = tokens_per_second(batch_size * cfg.block_size, step_seconds)
-    fpt = training_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size)
-    spec = DeviceSpec("exercise", {"peak": peak_flops}, 1.0, 1.0, None, "exercise 7.1")
-    value = mfu(tps, fpt, spec, "peak")
-    assert value is not None  # the spec has this peak
-    return value
 
 
 EXERCISES = [
     Exercise(
         id="7.1",
-        title="MFU from a step time",
-        function="mfu_from_step",
-        signature=(
-            "mfu_from_step(cfg: GPTConfig, batch_size: int, step_seconds: float, "
-            "peak_flops: float) -> float"
-        ),
+        title="a fused bias + GELU kernel in Triton",
+        function="fused_bias_gelu",
+        signature="fused_bias_gelu(x: Tensor (M, N), bias: Tensor (N,)) -> Tensor (M, N)",
         task=TASK,
         stub=STUB,
         cases=_cases,
-        reference=_reference,
-        reference_name="tutorial_lib.perf.mfu with flops.training_flops_per_token",
+        reference=bias_gelu_reference,
+        reference_name="tutorial_lib.kernels.bias_gelu_reference",
+        unavailable=_unavailable,
     )
 ]

@@ -1,97 +1,76 @@
-"""Exercise 8.1: a column-parallel linear layer over t simulated ranks (uneven splits allowed),
-checked against ``parallel.tp.ColumnParallelLinear`` holding the shards of ``split_evenly``."""
+"""Exercise 8.1: MFU from a measured step time, checked against ``perf.mfu`` with the FLOP
+count of ``flops.training_flops_per_token`` (what ``GPT.flops_per_token`` returns)."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from ..parallel.shard import UnitSpec, split_evenly
-from ..parallel.tp import ColumnParallelLinear
+from ..config import MODEL_SIZES, GPTConfig
+from ..flops import training_flops_per_token
+from ..hardware import SPECS, DeviceSpec
+from ..perf.mfu import mfu, tokens_per_second
 from .base import Case, Exercise
 
 STUB = '''\
-import torch
-from torch import nn
+def mfu_from_step(
+    cfg, batch_size: int, step_seconds: float, peak_flops: float
+) -> float:
+    """Model FLOPs utilisation of one training step, as a fraction.
 
-
-def column_parallel_forward(
-    x: torch.Tensor, linear: nn.Linear, t: int
-) -> list[torch.Tensor]:
-    """A column-parallel linear on t ranks, simulated in one process.
-
-    x: (..., in_features); linear: the full nn.Linear; t: ranks.
-    Rank r holds a contiguous block of the output rows of
-    linear.weight (and of linear.bias, if any); the first
-    out_features % t ranks hold one row more than the others.
-    Returns the t ranks' outputs, in rank order: rank r's is
-    x @ W_r.T + b_r, shape (..., rows of rank r).
+    cfg: a tutorial_lib.GPTConfig (n_layer, n_embd, block_size,
+         vocab_size); each step trains batch_size sequences of
+         cfg.block_size tokens in step_seconds.
+    peak_flops: the device's datasheet peak, FLOP/s.
+    Model FLOPs per token: 6 N + 12 L T C with N = 12 L C^2 + V C.
     """
     raise NotImplementedError
 '''
 
 TASK = (
-    "In a column-parallel layer each rank holds some output rows of the weight and computes "
-    "only its part of the output; concatenated along the last dimension the parts are "
-    "`linear(x)`. Split the `out_features` rows into `t` contiguous blocks whose sizes differ by "
-    "at most one (the first `out_features % t` ranks get the extra row), slice each rank's "
-    "weight and bias, and return the list of the `t` partial outputs. No communication is "
-    "needed in the forward pass: the input is already on every rank."
+    "The ladder's table reports MFU next to every step time. Compute it: the tokens per second "
+    "of the step (`batch_size` x `cfg.block_size` tokens in `step_seconds`), times the model's "
+    "training FLOPs per token (6N + 12LTC with N = 12LC^2 + VC: the matmul weights, forward "
+    "and backward, plus the attention scores over the full T x T matrix), divided by the "
+    "device's peak FLOP/s."
 )
 
 
 def _cases() -> list[Case]:
-    g = torch.Generator().manual_seed(808)
     out = []
-    # (x shape, out_features, t, bias)
-    for shape, n_out, t, bias in [
-        ((2, 3, 8), 10, 3, True),
-        ((4, 5), 7, 7, True),
-        ((6,), 12, 4, False),
-        ((1, 2, 9), 13, 5, True),
-        ((3, 4), 6, 1, True),
+    odd = GPTConfig(vocab_size=257, block_size=29, n_layer=3, n_head=3, n_embd=36)
+    for cfg_name, cfg, batch, seconds, device, dtype in [
+        ("gpt2-124m", MODEL_SIZES["gpt2-124m"], 8, 0.095, "H100 SXM", "bf16"),
+        ("an odd tiny model", odd, 5, 0.0031, "A100", "fp32"),
+        ("fp8-2.7b", MODEL_SIZES["fp8-2.7b"], 4, 0.87, "H200", "fp8"),
+        ("tiny", MODEL_SIZES["tiny"], 16, 0.25, "H100 PCIe", "bf16"),
     ]:
-        linear = nn.Linear(shape[-1], n_out, bias=bias)
-        with torch.no_grad():
-            linear.weight.copy_(torch.randn(linear.weight.shape, generator=g))
-            if linear.bias is not None:
-                linear.bias.copy_(torch.randn(n_out, generator=g))
-        x = torch.randn(shape, generator=g)
-        sizes = [len(u) for u in split_evenly(n_out, t)]
-        label = f"x {shape}, {n_out} outputs over t = {t} ranks (rows {sizes})"
-        out.append(Case(label + ("" if bias else ", no bias"), {"x": x, "linear": linear, "t": t}))
+        peak = SPECS[device].peak(dtype)
+        args = {"cfg": cfg, "batch_size": batch, "step_seconds": seconds, "peak_flops": peak}
+        label = f"{cfg_name}, batch {batch}, {seconds} s per step, {device} {dtype} peak"
+        out.append(Case(label, args))
     return out
 
 
-def _reference(x: torch.Tensor, linear: nn.Linear, t: int) -> list[torch.Tensor]:
-    spec = UnitSpec("ffn", dim=0, groups=1, width=1)  # one unit per output row
-    n_out = linear.out_features
-    outputs = []
-    for units in split_evenly(n_out, t):
-        rank = ColumnParallelLinear(
-            linear.in_features, n_out, linear.bias is not None, None, spec, units, n_out
-        )
-        with torch.no_grad():
-            rank.weight.copy_(linear.weight[rank.shard_index()])
-            if rank.bias is not None and linear.bias is not None:
-                rank.bias.copy_(linear.bias[rank.shard_index()])
-            outputs.append(rank(x))
-    return outputs
+def _reference(cfg: GPTConfig, batch_size: int, step_seconds: float, peak_flops: float) -> float:
+    tps = tokens_per_second(batch_size * cfg.block_size, step_seconds)
+    fpt = training_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size)
+    spec = DeviceSpec("exercise", {"peak": peak_flops}, 1.0, 1.0, None, "exercise 8.1")
+    value = mfu(tps, fpt, spec, "peak")
+    assert value is not None  # the spec has this peak
+    return value
 
 
 EXERCISES = [
     Exercise(
         id="8.1",
-        title="a column-parallel linear layer, uneven shards",
-        function="column_parallel_forward",
+        title="MFU from a step time",
+        function="mfu_from_step",
         signature=(
-            "column_parallel_forward(x: Tensor (..., in), linear: nn.Linear, t: int) "
-            "-> list[Tensor]"
+            "mfu_from_step(cfg: GPTConfig, batch_size: int, step_seconds: float, "
+            "peak_flops: float) -> float"
         ),
         task=TASK,
         stub=STUB,
         cases=_cases,
         reference=_reference,
-        reference_name="tutorial_lib.parallel.tp.ColumnParallelLinear (shards of split_evenly)",
+        reference_name="tutorial_lib.perf.mfu with flops.training_flops_per_token",
     )
 ]

@@ -7,7 +7,7 @@ ties, specials), runs the package's reference on copies of the same inputs, and 
 - the function still raises ``NotImplementedError`` (the untouched stub): prints "not written
   yet" and returns a result with ``passed == False``, so a notebook with stubs in place still
   runs from top to bottom;
-- the exercise cannot run here (chapter 6 without Triton): says why, returns a result;
+- the exercise cannot run here (chapter 7 without Triton): says why, returns a result;
 - anything else raises ``ExerciseError`` (an ``AssertionError``) naming the case and the problem:
   None returned, wrong type, shape or dtype, the first wrong value with its index and the
   tolerance, an input changed in place, or the exception the function raised (with its own
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from . import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09
+from . import ch01, ch02, ch03, ch04, ch05, ch07, ch08, ch09, ch10
 from .base import Case, Exercise
 from .compare import changed_inputs, compare
 
@@ -42,7 +42,7 @@ __all__ = [
 
 REGISTRY: dict[str, Exercise] = {
     ex.id: ex
-    for module in (ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09)
+    for module in (ch01, ch02, ch03, ch04, ch05, ch07, ch08, ch09, ch10)
     for ex in module.EXERCISES
 }
 

@@ -94,7 +94,7 @@ def delayed_scaling_update(
     return new_history, new_scale
 
 
-# Exercise 6.1: a fused bias + GELU kernel in Triton
+# Exercise 7.1: a fused bias + GELU kernel in Triton
 @triton.jit
 def bias_gelu_kernel(
     x_ptr,
@@ -123,7 +123,7 @@ def fused_bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return y
 
 
-# Exercise 7.1: MFU from a step time
+# Exercise 8.1: MFU from a step time
 def mfu_from_step(
     cfg,
     batch_size: int,
@@ -137,7 +137,7 @@ def mfu_from_step(
     return tokens_per_s * flops_per_token / peak_flops
 
 
-# Exercise 8.1: a column-parallel linear layer, uneven shards
+# Exercise 9.1: a column-parallel linear layer, uneven shards
 def column_parallel_forward(
     x: torch.Tensor,
     linear: nn.Linear,
@@ -154,7 +154,7 @@ def column_parallel_forward(
     return outputs
 
 
-# Exercise 9.1: how likely a replica survives random failures
+# Exercise 10.1: how likely a replica survives random failures
 def replica_survival(
     n_gpus: int,
     gpus_per_replica: int,
@@ -173,10 +173,10 @@ _SOLUTIONS: dict[str, Callable[..., Any]] = {
     "3.1": round_to_bf16,
     "4.1": quantize_e4m3,
     "5.1": delayed_scaling_update,
-    "6.1": fused_bias_gelu,
-    "7.1": mfu_from_step,
-    "8.1": column_parallel_forward,
-    "9.1": replica_survival,
+    "7.1": fused_bias_gelu,
+    "8.1": mfu_from_step,
+    "9.1": column_parallel_forward,
+    "10.1": replica_survival,
 }
 
 
