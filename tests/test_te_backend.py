@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import enum
 import functools
 import math
@@ -35,17 +36,28 @@ from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8.policy import FP8_LOSS_TOLERANCE
-from tutorial_lib.fp8.te_contract import TE_FWD_INDEX, TE_PARAMETER_NAMES
+from tutorial_lib.fp8.te_contract import (
+    TE_FWD_INDEX,
+    TE_GPU_NEEDS,
+    TE_PARAMETER_NAMES,
+    TE_RECIPE_FIELDS,
+    TE_RECIPE_QPARAMS,
+)
 from tutorial_lib.fp8.te_convert import TEFusedMLP, TELayers, convert_to_te, fp8_shape_problems
 from tutorial_lib.fp8.te_policy import (
     TE_FUSED_POLICY_NAME,
     TE_POLICY_NAME,
+    TE_RECIPE_SHORT_NAMES,
     check_te_fp8_device,
     make_te_policy,
     register_te_policy,
     te_autocast,
     te_recipe,
+    te_recipe_by_name,
+    te_recipe_kind,
     te_recipe_kwargs,
+    te_recipe_options,
+    te_recipe_short_name,
     te_scaling_state,
 )
 from tutorial_lib.hardware import te_available
@@ -369,18 +381,110 @@ class _FakeLayerNormMLP(_FakeTEModule):
 
 
 class _FakeFormat(enum.Enum):
+    E2M1 = 6.0
     E4M3 = 448.0
     E5M2 = 57344.0
     HYBRID = (448.0, 57344.0)
 
 
+# TE's recipes: their fields are TE_RECIPE_FIELDS (test_stand_in_recipes_have_te_fields), the
+# fp8_quant_* parameters class attributes (not fields), and a few of TE's __post_init__ asserts.
+@dataclass(frozen=True)
+class _FakeQParams:
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+
+
+@dataclass(frozen=True)
+class _FakeMMParams:
+    use_split_accumulator: bool = True
+
+
+class _FakeRecipe:
+    """TE's ``Recipe`` base class."""
+
+
+def _no_e5m2(recipe: Any) -> None:
+    assert recipe.fp8_format != _FakeFormat.E5M2, "Pure E5M2 training is not supported."
+
+
 @dataclass
-class _FakeDelayedScaling:
+class _FakeDelayedScaling(_FakeRecipe):
     margin: int = 0
     fp8_format: _FakeFormat = _FakeFormat.HYBRID
     amax_history_len: int = 1024
     amax_compute_algo: Any = "max"
     reduce_amax: bool = True
+    scaling_factor_compute_algo: Any = None
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    __post_init__ = _no_e5m2
+
+
+@dataclass
+class _FakeFloat8CurrentScaling(_FakeRecipe):
+    use_power_2_scales: bool = False
+    fp8_format: _FakeFormat = _FakeFormat.HYBRID
+    fp8_quant_fwd_inp = fp8_quant_fwd_weight = fp8_quant_bwd_grad = _FakeQParams(False)
+    fp8_gemm_fprop: _FakeMMParams = _FakeMMParams(False)
+    fp8_gemm_dgrad: _FakeMMParams = _FakeMMParams(True)
+    fp8_gemm_wgrad: _FakeMMParams = _FakeMMParams(True)
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    __post_init__ = _no_e5m2
+
+
+@dataclass
+class _FakeFloat8BlockScaling(_FakeRecipe):
+    use_f32_scales: bool = False
+    fp8_format: _FakeFormat = _FakeFormat.E4M3
+    fp8_quant_fwd_inp = fp8_quant_fwd_weight = fp8_quant_bwd_grad = _FakeQParams(True)
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
+    fp8_gemm_fprop: _FakeMMParams = _FakeMMParams(True)
+    fp8_gemm_dgrad: _FakeMMParams = _FakeMMParams(True)
+    fp8_gemm_wgrad: _FakeMMParams = _FakeMMParams(True)
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+    def __post_init__(self) -> None:
+        assert not (self.x_block_scaling_dim == 2 and self.w_block_scaling_dim == 2), (
+            "2D by 2D block gemm not supported."
+        )
+        _no_e5m2(self)
+
+
+@dataclass
+class _FakeMXFP8BlockScaling(_FakeRecipe):
+    margin: int = 0
+    fp8_format: _FakeFormat = _FakeFormat.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    __post_init__ = _no_e5m2
+
+
+@dataclass
+class _FakeNVFP4BlockScaling(_FakeRecipe):
+    disable_rht: bool = False
+    disable_stochastic_rounding: bool = False
+    disable_2d_quantization: bool = False
+    fp4_format: _FakeFormat = _FakeFormat.E2M1
+    fp8_format: _FakeFormat = _FakeFormat.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.fp8_format == _FakeFormat.E4M3, "Only E4M3 is supported for NVFP4 scaling"
+
+
+FAKE_RECIPES: dict[str, type] = {
+    "DelayedScaling": _FakeDelayedScaling,
+    "Float8CurrentScaling": _FakeFloat8CurrentScaling,
+    "Float8BlockScaling": _FakeFloat8BlockScaling,
+    "MXFP8BlockScaling": _FakeMXFP8BlockScaling,
+    "NVFP4BlockScaling": _FakeNVFP4BlockScaling,
+}
 
 
 @dataclass
@@ -412,8 +516,15 @@ def fake_te(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     pytorch.fp8_autocast = region("fp8_autocast")
     if request.param == "autocast":
         pytorch.autocast = region("autocast")
-        pytorch.is_fp8_available = lambda return_reason=False: (True, "") if return_reason else True
-    recipe.DelayedScaling, recipe.Format = _FakeDelayedScaling, _FakeFormat
+        for need in TE_GPU_NEEDS.values():  # is_fp8_available, is_mxfp8_available, ...
+            setattr(
+                pytorch,
+                need.te_check,
+                lambda return_reason=False: (True, "") if return_reason else True,
+            )
+    for name, cls in {**FAKE_RECIPES, "Recipe": _FakeRecipe, "Format": _FakeFormat}.items():
+        setattr(recipe, name, cls)
+    recipe.QParams, recipe.MMParams = _FakeQParams, _FakeMMParams
     root.pytorch, root.common, common.recipe = pytorch, common, recipe
     for name, module in {
         "transformer_engine": root,
@@ -684,6 +795,198 @@ def test_scaling_state_reads_fp8_meta() -> None:
     assert torch.all(module.fp8_meta["scaling_fwd"].scale == 1.0)
     with pytest.raises(TypeError, match="fp8_meta"):
         te_scaling_state(nn.Linear(2, 2))
+
+
+# ---- TE's recipes by name (the stand-in's recipe classes) -------------------------------------
+@pytest.mark.parametrize("cls_name", sorted(FAKE_RECIPES))
+def test_stand_in_recipes_have_te_fields(cls_name: str) -> None:
+    """The stand-in's fields are those test_te_contract.py finds in every cached TE."""
+    fields = {f.name for f in dataclasses.fields(FAKE_RECIPES[cls_name])}
+    assert fields == set(TE_RECIPE_FIELDS[cls_name])
+
+
+def test_every_recipe_by_te_name_and_short_name(fake_te: FakeTE) -> None:
+    assert set(TE_RECIPE_SHORT_NAMES.values()) == set(FAKE_RECIPES) == set(TE_RECIPE_FIELDS)
+    for short, cls_name in TE_RECIPE_SHORT_NAMES.items():
+        for name in (short, cls_name, cls_name.lower(), short.upper()):
+            assert type(te_recipe_by_name(name)) is FAKE_RECIPES[cls_name], name
+            assert type(te_recipe(name)) is FAKE_RECIPES[cls_name], name
+            assert te_recipe_kind(name) == te_recipe_short_name(name) == short
+    assert te_recipe("delayed") == te_recipe() == _FakeDelayedScaling()
+
+
+@pytest.mark.parametrize("name", ["fp9", "Float8Scaling", "", "rowwise"])
+def test_unknown_recipe_names_list_the_valid_ones(name: str) -> None:
+    for call in (te_recipe_short_name, te_recipe_options, make_te_policy, te_recipe_kind):
+        with pytest.raises(ValueError, match=f"Unknown TE recipe {name!r}") as info:
+            call(name)
+        for valid in (*TE_RECIPE_SHORT_NAMES, *TE_RECIPE_SHORT_NAMES.values()):
+            assert repr(valid) in str(info.value)
+
+
+def test_recipe_options_reach_te(fake_te: FakeTE) -> None:
+    current = te_recipe_by_name("Float8CurrentScaling", fp8_format="E4M3", fp8_dpa=True)
+    assert current == _FakeFloat8CurrentScaling(fp8_format=_FakeFormat.E4M3, fp8_dpa=True)
+    delayed = te_recipe("delayed", amax_history_len=16, fp8_format=_FakeFormat.E4M3)
+    assert delayed == _FakeDelayedScaling(amax_history_len=16, fp8_format=_FakeFormat.E4M3)
+    assert te_recipe(None, margin=2) == _FakeDelayedScaling(margin=2)
+    block = te_recipe_by_name("block", w_block_scaling_dim=1, grad_block_scaling_dim=2)
+    assert (block.w_block_scaling_dim, block.grad_block_scaling_dim) == (1, 2)
+    assert te_recipe_by_name("mxfp8", margin=1) == _FakeMXFP8BlockScaling(margin=1)
+    nvfp4 = te_recipe_by_name("nvfp4", disable_rht=True, fp4_format="e2m1")
+    assert nvfp4 == _FakeNVFP4BlockScaling(disable_rht=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "error", "match"),
+    [
+        ("current", {"amax_history_len": 16}, TypeError, "no option 'amax_history_len'.*'use_pow"),
+        ("block", {"backward_override": None}, TypeError, "no option 'backward_override'"),
+        ("mxfp8", {"power_2": True}, TypeError, "MXFP8BlockScaling has no option 'power_2'"),
+        ("delayed", {"fp8_format": "E9M9"}, ValueError, "fp8_format='E9M9'.*HYBRID"),
+    ],
+    ids=["other-recipe-field", "newer-te-field", "no-such-field", "bad-format"],
+)
+def test_recipe_options_are_checked_without_te(
+    name: str, options: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    for call in (te_recipe_options, make_te_policy):
+        with pytest.raises(error, match=match):
+            call(name, **options)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "match"),
+    [
+        ("block", {"x_block_scaling_dim": 2}, "2D by 2D"),
+        ("current", {"fp8_format": "E5M2"}, "Pure E5M2"),
+        ("nvfp4", {"fp8_format": "HYBRID"}, "Only E4M3"),
+    ],
+)
+def test_te_refusals_become_value_errors(
+    fake_te: FakeTE, name: str, options: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=f"TE's .* refuses .*{match}"):
+        te_recipe_by_name(name, **options)
+
+
+@pytest.mark.parametrize(
+    ("name", "flag", "default"),
+    [("current", "use_power_2_scales", False), ("block", "use_f32_scales", True)],
+)
+def test_scale_flags_reach_the_quantizer_params(
+    fake_te: FakeTE, name: str, flag: str, default: bool
+) -> None:
+    """TE's modules read fp8_quant_*.power_2_scale, fixed at TE's import; the flag is copied in."""
+    cls = FAKE_RECIPES[TE_RECIPE_SHORT_NAMES[name]]
+    untouched = te_recipe_by_name(name)
+    assert all(getattr(untouched, q).power_2_scale is default for q in TE_RECIPE_QPARAMS)
+    for value in (True, False):
+        recipe = te_recipe_by_name(name, **{flag: value})
+        power_2 = value if name == "current" else not value
+        assert getattr(recipe, flag) is value
+        assert all(getattr(recipe, q).power_2_scale is power_2 for q in TE_RECIPE_QPARAMS)
+    assert all(getattr(cls, q).power_2_scale is default for q in TE_RECIPE_QPARAMS)
+
+
+def test_te_recipe_objects_pass_through(fake_te: FakeTE) -> None:
+    class _Custom(_FakeRecipe):  # e.g. TE's CustomRecipe: passed through, no known kind
+        pass
+
+    for short, cls in [(te_recipe_short_name(n), c) for n, c in FAKE_RECIPES.items()]:
+        obj = cls()
+        assert te_recipe(obj) is obj and te_recipe_kind(obj) == short
+    custom = _Custom()
+    assert te_recipe(custom) is custom and te_recipe_kind(custom) is None
+    with pytest.raises(TypeError, match="go with a recipe name"):
+        te_recipe(custom, margin=1)
+    with pytest.raises(TypeError, match="go with a recipe name"):
+        make_te_policy(_OurRecipe(), margin=1)
+    policy = make_te_policy(custom)
+    assert policy.check.keywords == {"recipe": None}  # type: ignore[union-attr]
+    assert "custom TE recipe" in policy.description
+
+
+def test_our_other_recipes_point_to_te_names() -> None:
+    class _OurCurrent:
+        te_name = "Float8CurrentScaling"
+
+    with pytest.raises(TypeError, match="recipe='Float8CurrentScaling'"):
+        make_te_policy(_OurCurrent())
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["te-fp8", "te-fp8-fused"])
+def test_policy_by_recipe_name(fake_te: FakeTE, fused: bool) -> None:
+    policy = make_te_policy("MXFP8BlockScaling", fused=fused, margin=1)
+    check = policy.check
+    assert isinstance(check, functools.partial) and check.func is check_te_fp8_device
+    assert check.keywords == {"recipe": "mxfp8", **({"policy_name": policy.name} if fused else {})}
+    assert "MXFP8 GEMMs" in policy.description
+    assert policy.extra_context is not None
+    for _ in range(2):
+        with policy.extra_context():
+            pass
+    recipes = [kwargs.get("recipe", kwargs.get("fp8_recipe")) for _, kwargs in fake_te.regions]
+    assert recipes[0] is recipes[1] and recipes[0] == _FakeMXFP8BlockScaling(margin=1)
+    assert make_te_policy("delayed").check is check_te_fp8_device
+
+
+# (recipe, compute capability, torch's CUDA, the error or None)
+GPU_CASES = [
+    ("delayed", (8, 9), "12.4", None),
+    ("delayed", (8, 0), "12.4", "Fake GPU is sm_80; DelayedScaling needs sm_89+"),
+    ("current", (9, 0), "12.4", None),
+    ("block", (9, 0), "12.9", None),
+    ("block", (9, 0), "12.8", "built with CUDA 12.8; Float8BlockScaling needs sm_90.*CUDA 12.9"),
+    ("block", (8, 9), "13.0", "Fake GPU is sm_89; Float8BlockScaling needs sm_90"),
+    ("mxfp8", (9, 0), "12.9", "Fake GPU is sm_90; MXFP8BlockScaling needs sm_100"),
+    ("mxfp8", (10, 0), "12.9", None),
+    ("mxfp8", (12, 0), "12.9", "Fake GPU is sm_120; MXFP8BlockScaling needs .*no MXFP8 on sm_120"),
+    ("nvfp4", (9, 0), "12.9", "Fake GPU is sm_90; NVFP4BlockScaling needs sm_100"),
+    ("nvfp4", (12, 0), "12.9", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "cc", "cuda", "error"),
+    GPU_CASES,
+    ids=[f"{r}-sm_{cc[0]}{cc[1]}-cuda{cuda}" for r, cc, cuda, _ in GPU_CASES],
+)
+def test_device_check_per_recipe(
+    fake_te: FakeTE,
+    monkeypatch: pytest.MonkeyPatch,
+    recipe: str,
+    cc: tuple[int, int],
+    cuda: str,
+    error: str | None,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: cc)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    policy = make_te_policy(recipe)
+    if error is None:
+        policy.validate("cuda")
+    else:
+        with pytest.raises(RuntimeError, match=f"'te-fp8'.*{error}"):
+            policy.validate("cuda")
+    need = TE_GPU_NEEDS[recipe]
+    if error is None and hasattr(fake_te.pytorch, need.te_check):  # then TE's verdict counts
+        why = (False, "Device compute capability 10.0 or higher required.")
+        monkeypatch.setattr(fake_te.pytorch, need.te_check, lambda return_reason=False: why)
+        with pytest.raises(RuntimeError, match=f"TE reports no {need.label} support: Device"):
+            policy.validate("cuda")
+
+
+@pytest.mark.parametrize("recipe", list(TE_RECIPE_SHORT_NAMES))
+def test_device_check_names_the_gpu_on_the_cpu(recipe: str) -> None:
+    need = TE_GPU_NEEDS[recipe]
+    with pytest.raises(RuntimeError, match="CUDA GPU") as info:
+        make_te_policy(recipe, fused=True).validate("cpu")
+    message = str(info.value)
+    assert need.text in message and TE_RECIPE_SHORT_NAMES[recipe] in message
+    assert "'te-fp8-fused'" in message and "got cpu" in message
+    assert ("Transformer Engine is missing" in message) is not TE_OK
 
 
 # ---- with Transformer Engine and an sm_89+ GPU -------------------------------------------------

@@ -346,6 +346,92 @@ def test_resolver_is_not_vacuous(te_tree: SourceTree) -> None:
     assert te_tree.resolve("transformer_engine.pytorch.autocast") is not None
 
 
+# ---- TE's recipes: fields, scale flags, GPU checks ------------------------------------------
+def _trees() -> list[SourceTree]:
+    """Every cached TE version's source (failing as ``te_tree`` does when one is missing)."""
+    missing = [v for v in VERSIONS if not fetch.is_complete(v)]
+    if missing and os.environ.get(fetch.OFFLINE_ENV) == "1":
+        pytest.skip(f"{fetch.OFFLINE_ENV}=1 and no cached TE source for {missing}")
+    assert not missing, f"TE {missing} not cached: run `.venv/bin/python {FETCH_SCRIPT.name}`"
+    return [SourceTree(fetch.source_dir(v)) for v in VERSIONS]
+
+
+@pytest.mark.parametrize("cls_name", sorted(te_contract.TE_RECIPE_FIELDS))
+def test_recipe_fields_are_those_every_cached_te_has(cls_name: str) -> None:
+    """``TE_RECIPE_FIELDS`` is exactly the set of dataclass fields (= constructor keywords) that
+    the recipe has in every cached TE version; fields of newer versions only are left out."""
+    common: set[str] | None = None
+    for tree in _trees():
+        found = tree.resolve(f"transformer_engine.common.recipe.{cls_name}")
+        assert found is not None and isinstance(found.node, ast.ClassDef), cls_name
+        assert _is_dataclass(found.node), f"{cls_name} is no longer a dataclass"
+        params = tree.params(found)
+        assert not params.var_keyword, cls_name
+        names = {n for n in params.names if not n.startswith("_")}
+        common = names if common is None else common & names
+    assert set(te_contract.TE_RECIPE_FIELDS[cls_name]) == common
+
+
+@pytest.mark.parametrize("cls_name", sorted(te_contract.TE_RECIPE_POWER_2_FLAGS))
+def test_scale_flags_reach_modules_only_through_qparams(te_tree: SourceTree, cls_name: str) -> None:
+    """Why ``te_recipe_by_name`` copies the flag into ``fp8_quant_*``: those are class attributes
+    (no annotation, so no constructor field) built from the flag's class default, and TE's
+    modules and recipe states read them, not the flag."""
+    flag, direct = te_contract.TE_RECIPE_POWER_2_FLAGS[cls_name]
+    found = te_tree.resolve(f"transformer_engine.common.recipe.{cls_name}")
+    assert found is not None and isinstance(found.node, ast.ClassDef)
+    assert flag in te_tree.params(found).names
+    class_attrs = {
+        t.id: stmt.value
+        for stmt in found.node.body
+        if isinstance(stmt, ast.Assign)
+        for t in stmt.targets
+        if isinstance(t, ast.Name)
+    }
+    for attr in te_contract.TE_RECIPE_QPARAMS:
+        value = class_attrs.get(attr)
+        assert isinstance(value, ast.Call) and ast.unparse(value.func) == "QParams", attr
+        power_2 = {k.arg: ast.unparse(k.value) for k in value.keywords}.get("power_2_scale")
+        assert power_2 == (flag if direct else f"not {flag}"), (attr, power_2)
+    readers = {  # te.Linear's current-scaling quantizers; the block recipe's quantizer state
+        "Float8CurrentScaling": "Linear",
+        "Float8BlockScaling": "quantization.Float8BlockScalingRecipeState",
+    }
+    reader = te_tree.resolve(f"transformer_engine.pytorch.{readers[cls_name]}")
+    assert reader is not None, readers[cls_name]
+    source = ast.unparse(reader.node)
+    assert "fp8_quant_fwd_inp" in source and "power_2_scale" in source
+    if cls_name == "Float8BlockScaling":
+        assert flag not in source  # the block recipe's state never reads use_f32_scales
+
+
+def _function_source(tree: SourceTree, module: str, names: tuple[str, ...]) -> str:
+    found = [tree.lookup(module, name) for name in names]
+    return "\n".join(ast.unparse(f.node) for f in found if f is not None)
+
+
+@pytest.mark.parametrize("kind", sorted(te_contract.TE_GPU_NEEDS))
+def test_gpu_needs_are_tes(te_tree: SourceTree, kind: str) -> None:
+    """``TE_GPU_NEEDS[kind]`` holds the numbers TE's ``check_*_support`` tests, and its
+    ``te_check`` is the public function returning that check's verdict."""
+    need = te_contract.TE_GPU_NEEDS[kind]
+    qualname = f"transformer_engine.pytorch.{need.te_check}"
+    assert te_contract.TE_API_USED.get(qualname) == ("return_reason",), qualname
+    public = te_tree.resolve(qualname)
+    assert public is not None, qualname
+    check = f"check_{need.te_check.removeprefix('is_').removesuffix('_available')}_support"
+    assert f"return {check}()" in ast.unparse(public.node), (qualname, check)
+    module = "transformer_engine.pytorch.quantization"  # 2.20 moved the logic to _compute_*
+    logic = _function_source(te_tree, module, (check, "_compute" + check.removeprefix("check")))
+    assert logic, check
+    for cc in filter(None, (need.min_cc, need.below_cc)):
+        assert f"({cc[0]}, {cc[1]})" in logic, (check, cc)
+    if need.min_cuda is not None:
+        assert f">= {need.min_cuda[0]}.{need.min_cuda[1]}" in logic, check
+    recipe = te_policy.TE_RECIPE_SHORT_NAMES[kind]
+    assert te_tree.resolve(f"transformer_engine.common.recipe.{recipe}") is not None
+
+
 # ---- the backend declares everything it passes ----------------------------------------------
 _ALIASES = {"te": "transformer_engine.pytorch", "recipe_mod": "transformer_engine.common.recipe"}
 

@@ -14,6 +14,7 @@ no keyword these tables do not declare).
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
 
 from ..hardware import te_available
@@ -21,9 +22,14 @@ from ..hardware import te_available
 __all__ = [
     "TE_API_USED",
     "TE_API_NAMED",
+    "TE_RECIPE_FIELDS",
+    "TE_RECIPE_POWER_2_FLAGS",
+    "TE_RECIPE_QPARAMS",
     "TE_DEFAULTS_ASSUMED",
     "TE_PARAMETER_NAMES",
     "TE_ENUM_MEMBERS",
+    "TE_GPU_NEEDS",
+    "TEGPUNeed",
     "TE_FWD_INDEX",
     "TE_BWD_INDEX",
     "TE_INSTALL_HINT",
@@ -66,14 +72,71 @@ TE_API_USED: dict[str, tuple[str, ...]] = {
     "transformer_engine.pytorch.autocast": ("enabled", "recipe", "amax_reduction_group"),
     "transformer_engine.pytorch.fp8_autocast": ("enabled", "fp8_recipe", "fp8_group"),
     "transformer_engine.pytorch.is_fp8_available": ("return_reason",),
-    "transformer_engine.common.recipe.DelayedScaling": (
+    "transformer_engine.pytorch.is_fp8_block_scaling_available": ("return_reason",),
+    "transformer_engine.pytorch.is_mxfp8_available": ("return_reason",),
+    "transformer_engine.pytorch.is_nvfp4_available": ("return_reason",),
+    # dataclasses.replace(qparams, power_2_scale=...): see TE_RECIPE_POWER_2_FLAGS.
+    "transformer_engine.common.recipe.QParams": ("power_2_scale",),
+}
+# TE's recipe classes (``transformer_engine.common.recipe``) -> the constructor fields that
+# ``te_policy.te_recipe_by_name`` passes through: every dataclass field that all cached TE
+# versions (2.9.0 and 2.20.2) have; tests/test_te_contract.py checks that it is exactly that set.
+# TE 2.20 adds more (e.g. ``backward_override``, ``enable_2d_quantization``), not accepted here.
+TE_RECIPE_FIELDS: dict[str, tuple[str, ...]] = {
+    "DelayedScaling": (
         "margin",
         "fp8_format",
         "amax_history_len",
         "amax_compute_algo",
+        "scaling_factor_compute_algo",
         "reduce_amax",
+        "fp8_dpa",
+        "fp8_mha",
+    ),
+    "Float8CurrentScaling": (
+        "use_power_2_scales",
+        "fp8_format",
+        "fp8_gemm_fprop",
+        "fp8_gemm_dgrad",
+        "fp8_gemm_wgrad",
+        "fp8_dpa",
+        "fp8_mha",
+    ),
+    "Float8BlockScaling": (
+        "use_f32_scales",
+        "fp8_format",
+        "x_block_scaling_dim",
+        "w_block_scaling_dim",
+        "grad_block_scaling_dim",
+        "fp8_gemm_fprop",
+        "fp8_gemm_dgrad",
+        "fp8_gemm_wgrad",
+        "fp8_dpa",
+        "fp8_mha",
+    ),
+    "MXFP8BlockScaling": ("margin", "fp8_format", "fp8_dpa", "fp8_mha"),
+    "NVFP4BlockScaling": (
+        "disable_rht",
+        "disable_stochastic_rounding",
+        "disable_2d_quantization",
+        "fp4_format",
+        "fp8_format",
+        "fp8_dpa",
+        "fp8_mha",
     ),
 }
+TE_API_USED.update(
+    {f"transformer_engine.common.recipe.{cls}": f for cls, f in TE_RECIPE_FIELDS.items()}
+)
+# A scale flag of a recipe -> True if ``power_2_scale`` equals the flag, False if its negation.
+# TE's modules read ``recipe.fp8_quant_*.power_2_scale`` (TE_RECIPE_QPARAMS), class attributes
+# set once at import from the flag's environment default, so the constructor flag alone does
+# not reach te.Linear (TE 2.9 and 2.20); te_recipe_by_name sets those three on the instance.
+TE_RECIPE_POWER_2_FLAGS: dict[str, tuple[str, bool]] = {
+    "Float8CurrentScaling": ("use_power_2_scales", True),
+    "Float8BlockScaling": ("use_f32_scales", False),
+}
+TE_RECIPE_QPARAMS = ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad")
 # Names the docstrings and the book point readers to (existence only).
 TE_API_NAMED: tuple[str, ...] = (
     "transformer_engine.pytorch.TransformerLayer",
@@ -81,7 +144,6 @@ TE_API_NAMED: tuple[str, ...] = (
     "transformer_engine.pytorch.quantized_model_init",
     "transformer_engine.common.recipe.Format",
     "transformer_engine.common.recipe.Recipe",
-    "transformer_engine.common.recipe.Float8CurrentScaling",
 )
 # Defaults we rely on by *not* passing an argument, or mirror in our own recipe (source text).
 TE_DEFAULTS_ASSUMED: dict[str, dict[str, str]] = {
@@ -141,8 +203,41 @@ TE_PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
     ),
 }
 TE_ENUM_MEMBERS: dict[str, tuple[str, ...]] = {
-    "transformer_engine.common.recipe.Format": ("E4M3", "E5M2", "HYBRID"),
+    "transformer_engine.common.recipe.Format": ("E2M1", "E4M3", "E5M2", "HYBRID"),
 }
+
+
+@dataclass(frozen=True)
+class TEGPUNeed:
+    """What a TE recipe needs of the GPU, as TE's ``check_*_support`` in
+    ``pytorch/quantization.py`` (TE 2.9 and 2.20) tests it; ``te_policy.check_te_fp8_device``
+    checks this without TE, then calls ``te_check`` (which returns that ``check_*_support()``)."""
+
+    min_cc: tuple[int, int]  # compute capability, at least
+    below_cc: tuple[int, int] | None  # and below (TE has no MXFP8 on sm_120+ yet)
+    min_cuda: tuple[int, int] | None  # torch.version.cuda, at least
+    te_check: str  # transformer_engine.pytorch.<te_check>(return_reason=True)
+    label: str  # "TE reports no <label> support"
+    text: str  # the GPUs, in words
+
+
+_FP8 = TEGPUNeed((8, 9), None, None, "is_fp8_available", "FP8", "sm_89+ (Ada or Hopper)")
+# Our short recipe names (te_policy.TE_RECIPE_SHORT_NAMES) -> what TE checks.
+TE_GPU_NEEDS: dict[str, TEGPUNeed] = {
+    "delayed": _FP8,  # Ada also needs CUDA 12.1+ and cuBLASLt 12.1.3+ (TE checks those)
+    "current": _FP8,
+    "block": TEGPUNeed(
+        (9, 0), None, (12, 9), "is_fp8_block_scaling_available", "FP8 block scaling",
+        "sm_90+ (Hopper) with CUDA 12.9+",
+    ),
+    "mxfp8": TEGPUNeed(
+        (10, 0), (12, 0), None, "is_mxfp8_available", "MXFP8",
+        "sm_100 to sm_11x (Blackwell; TE has no MXFP8 on sm_120+ yet)",
+    ),
+    "nvfp4": TEGPUNeed((10, 0), None, None, "is_nvfp4_available", "NVFP4", "sm_100+ (Blackwell)"),
+}  # fmt: skip
+
+
 # Rows of a TE module's scaling state (tex.FP8FwdTensors / FP8BwdTensors for one GEMM).
 TE_FWD_INDEX: dict[str, int] = {"input": 0, "weight": 1, "output": 2}
 TE_BWD_INDEX: dict[str, int] = {"grad_output": 0, "grad_input": 1}

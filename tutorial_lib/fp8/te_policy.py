@@ -1,10 +1,13 @@
 """The ``te-fp8`` and ``te-fp8-fused`` precision policies: TE's recipe, autocast and checks.
 
-    - ``te_recipe``/``te_autocast``: our delayed-scaling recipe as TE's, and TE's FP8 autocast
-      (``te.autocast`` since TE 2.9, ``te.fp8_autocast`` before);
+    - ``te_recipe``/``te_autocast``: our delayed-scaling recipe as TE's, or any TE recipe by name
+      (``te_recipe_by_name``: ``DelayedScaling``, ``Float8CurrentScaling``, ``Float8BlockScaling``,
+      ``MXFP8BlockScaling``, ``NVFP4BlockScaling``, or our short names ``TE_RECIPE_SHORT_NAMES``),
+      and TE's FP8 autocast (``te.autocast`` since TE 2.9, ``te.fp8_autocast`` before);
     - ``te_scaling_state``: a TE module's amax histories and scales;
     - ``make_te_policy``/``register_te_policy``: the ``te-fp8`` and ``te-fp8-fused`` policies
-      (TE modules from ``te_convert.convert_to_te``, FP8 GEMMs under ``te_autocast``).
+      (TE modules from ``te_convert.convert_to_te``, GEMMs under ``te_autocast``), with the GPU
+      check of their recipe (``TE_GPU_NEEDS``).
 
 Importing this module never imports TE (``te_contract._import_te`` does, when a function needs
 it); every TE call here is declared in ``te_contract.TE_API_USED``.
@@ -13,7 +16,9 @@ it); every TE call here is declared in ``te_contract.TE_API_USED``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,14 +28,29 @@ from torch import nn
 from ..checks import check_positive_int
 from ..hardware import cuda_capability, te_available
 from ..precision import POLICIES, PrecisionPolicy, register_policy
-from .te_contract import TE_INSTALL_HINT, _import_te, _import_te_recipe
+from .te_contract import (
+    TE_ENUM_MEMBERS,
+    TE_GPU_NEEDS,
+    TE_INSTALL_HINT,
+    TE_RECIPE_FIELDS,
+    TE_RECIPE_POWER_2_FLAGS,
+    TE_RECIPE_QPARAMS,
+    TEGPUNeed,
+    _import_te,
+    _import_te_recipe,
+)
 from .te_convert import convert_to_te
 
 __all__ = [
     "TE_POLICY_NAME",
     "TE_FUSED_POLICY_NAME",
     "TE_DELAYED_SPLIT_ACCUMULATOR",
+    "TE_RECIPE_SHORT_NAMES",
     "te_recipe_kwargs",
+    "te_recipe_short_name",
+    "te_recipe_options",
+    "te_recipe_by_name",
+    "te_recipe_kind",
     "te_recipe",
     "te_autocast",
     "te_scaling_state",
@@ -65,9 +85,11 @@ def te_recipe_kwargs(recipe: object) -> dict[str, Any]:
     """
     missing = [f for f in _RECIPE_FIELDS if not hasattr(recipe, f)]
     if missing:
+        te_name = getattr(type(recipe), "te_name", "")  # our other recipes name TE's class
+        hint = f"name TE's recipe instead: recipe={te_name!r}, " if te_name else ""
         raise TypeError(
             f"{type(recipe).__name__} is not a delayed-scaling recipe: it lacks {missing}. "
-            "Pass tutorial_lib.fp8.scaling.DelayedScaling (or TE's own recipe)."
+            f"Pass tutorial_lib.fp8.scaling.DelayedScaling, {hint}or TE's own recipe."
         )
     for gemm, split in TE_DELAYED_SPLIT_ACCUMULATOR.items():
         params = getattr(recipe, gemm, None)
@@ -100,16 +122,114 @@ def te_recipe_kwargs(recipe: object) -> dict[str, Any]:
     }
 
 
-def te_recipe(recipe: object | None = None) -> Any:
-    """TE's ``DelayedScaling`` equal to ``recipe`` (ours, read duck-typed); None gives TE's
-    defaults, which our recipe mirrors. A TE recipe (any kind) is returned unchanged."""
+# ---- TE's recipes by name ----------------------------------------------------------------------
+# Our short names (those of fp8.get_quantizer) -> TE's recipe classes.
+TE_RECIPE_SHORT_NAMES: dict[str, str] = {
+    "delayed": "DelayedScaling",
+    "current": "Float8CurrentScaling",
+    "block": "Float8BlockScaling",
+    "mxfp8": "MXFP8BlockScaling",
+    "nvfp4": "NVFP4BlockScaling",
+}
+_BY_NAME = {n.lower(): short for short, cls in TE_RECIPE_SHORT_NAMES.items() for n in (short, cls)}
+_FORMAT_FIELDS = ("fp8_format", "fp4_format")  # given as a Format member or its name
+
+
+def te_recipe_short_name(name: str) -> str:
+    """Our short name for a TE recipe named by its TE class or short name (any case)."""
+    short = _BY_NAME.get(name.lower()) if isinstance(name, str) else None
+    if short is None:
+        valid = ", ".join(repr(n) for pair in TE_RECIPE_SHORT_NAMES.items() for n in pair)
+        raise ValueError(f"Unknown TE recipe {name!r}; valid names: {valid}.")
+    return short
+
+
+def te_recipe_options(name: str, **options: Any) -> tuple[str, dict[str, Any]]:
+    """(TE class name, options) for ``te_recipe_by_name``, checked without TE: each option must
+    be a field of TE's recipe class (``te_contract.TE_RECIPE_FIELDS``) and a format a member of
+    TE's ``Format``, given by name (returned as its name)."""
+    cls_name = TE_RECIPE_SHORT_NAMES[te_recipe_short_name(name)]
+    fields = TE_RECIPE_FIELDS[cls_name]
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise TypeError(
+            f"TE's {cls_name} has no option {', '.join(map(repr, unknown))}; its options "
+            f"(the fields TE 2.9 to 2.20 all have) are {', '.join(map(repr, fields))}."
+        )
+    members = TE_ENUM_MEMBERS["transformer_engine.common.recipe.Format"]
+    for field in set(_FORMAT_FIELDS) & set(options):
+        value = options[field]
+        options[field] = str(getattr(value, "name", value)).upper()
+        if options[field] not in members:
+            raise ValueError(f"{field}={value!r}: TE's Format has only {members}.")
+    return cls_name, options
+
+
+def te_recipe_by_name(name: str, **options: Any) -> Any:
+    """TE's recipe ``name`` (a TE class name or a short name) built with ``options``, its
+    constructor's fields (checked by ``te_recipe_options``; TE's own checks raise ValueError).
+
+    ``use_power_2_scales`` (current) and ``use_f32_scales`` (block) are also written into the
+    recipe's ``fp8_quant_*`` parameters, which TE's modules read instead of the flag
+    (``te_contract.TE_RECIPE_POWER_2_FLAGS``); otherwise only the environment variable set
+    before importing TE would change them."""
+    cls_name, options = te_recipe_options(name, **options)
     recipe_mod = _import_te_recipe()
+    cls = getattr(recipe_mod, cls_name)
+    for field in set(_FORMAT_FIELDS) & set(options):
+        options[field] = recipe_mod.Format[options[field]]
+    try:
+        recipe = cls(**options)
+    except (AssertionError, TypeError, ValueError) as err:  # TE asserts in __post_init__
+        raise ValueError(f"TE's {cls_name} refuses the options {sorted(options)}: {err}") from err
+    flag = TE_RECIPE_POWER_2_FLAGS.get(cls_name)
+    if flag is not None and flag[0] in options:
+        power_2 = bool(options[flag[0]]) == flag[1]
+        for attr in TE_RECIPE_QPARAMS:
+            qparams = dataclasses.replace(getattr(recipe, attr), power_2_scale=power_2)
+            setattr(recipe, attr, qparams)
+    return recipe
+
+
+def _te_object_kind(recipe: object) -> tuple[bool, str | None]:
+    """(is a TE recipe object, its short name or None for another TE recipe), read from the
+    TE module already imported (a TE recipe object means TE is), so this never imports TE."""
+    recipe_mod = sys.modules.get("transformer_engine.common.recipe")
+    if recipe_mod is None:
+        return False, None
+    for short, cls_name in TE_RECIPE_SHORT_NAMES.items():
+        cls = getattr(recipe_mod, cls_name, None)
+        if isinstance(cls, type) and isinstance(recipe, cls):
+            return True, short
+    base = getattr(recipe_mod, "Recipe", None)
+    return (isinstance(base, type) and isinstance(recipe, base)), None
+
+
+def te_recipe_kind(recipe: object | None) -> str | None:
+    """The short name of the recipe ``te_recipe`` would give for ``recipe``: a name, a TE
+    recipe object (None for one of no known kind, e.g. TE's ``CustomRecipe``), None or ours
+    ("delayed"; ours is checked here). Never imports TE."""
     if recipe is None:
-        return recipe_mod.DelayedScaling()
-    te_types = tuple(
-        t for t in (getattr(recipe_mod, "Recipe", None), recipe_mod.DelayedScaling) if t is not None
-    )
-    if isinstance(recipe, te_types):  # any TE recipe, e.g. Float8CurrentScaling
+        return "delayed"
+    if isinstance(recipe, str):
+        return te_recipe_short_name(recipe)
+    is_te, kind = _te_object_kind(recipe)
+    if is_te:
+        return kind
+    te_recipe_kwargs(recipe)  # ours: raises now if TE's DelayedScaling cannot express it
+    return "delayed"
+
+
+def te_recipe(recipe: object | None = None, **options: Any) -> Any:
+    """TE's recipe for ``recipe``: a name (``te_recipe_by_name`` with ``options``), None (TE's
+    ``DelayedScaling`` with ``options``: TE's defaults, which our recipe mirrors), a TE recipe
+    (any kind, returned unchanged) or our delayed-scaling recipe (read duck-typed)."""
+    if recipe is None or isinstance(recipe, str):
+        return te_recipe_by_name(recipe or "delayed", **options)
+    if options:
+        raise TypeError(f"Recipe options {sorted(options)} go with a recipe name, not an object.")
+    recipe_mod = _import_te_recipe()
+    if _te_object_kind(recipe)[0]:  # any TE recipe, e.g. Float8CurrentScaling
         return recipe
     kwargs = te_recipe_kwargs(recipe)
     return recipe_mod.DelayedScaling(
@@ -168,28 +288,40 @@ def te_scaling_state(module: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
 
 
 # ---- the policy --------------------------------------------------------------------------------
-def check_te_fp8_device(device: torch.device, policy_name: str = TE_POLICY_NAME) -> None:
-    """Raise ``RuntimeError`` naming every reason ``device`` cannot run the ``te-fp8`` policy
-    (or ``te-fp8-fused``: ``policy_name`` is the name the message gives)."""
-    device = torch.device(device)
-    problems: list[str] = []
+def _gpu_problems(device: torch.device, need: TEGPUNeed, what: str) -> list[str]:
     gpu = cuda_capability(device)
     if gpu is None:
-        problems.append(
-            f"it needs a CUDA GPU with FP8 tensor cores (sm_89+: Ada or Hopper), got {device}."
-        )
-    elif gpu[1] < (8, 9):
-        name, cc = gpu
-        problems.append(f"{name} is sm_{cc[0]}{cc[1]}; FP8 tensor cores need sm_89+.")
+        return [f"it needs a CUDA GPU, {need.text}, for {what}; got {device}."]
+    name, cc = gpu
+    if cc < need.min_cc or (need.below_cc is not None and cc >= need.below_cc):
+        return [f"{name} is sm_{cc[0]}{cc[1]}; {what} needs {need.text}."]
+    cuda = torch.version.cuda  # TE compares torch's CUDA version, as here
+    if need.min_cuda is not None and cuda and tuple(map(int, cuda.split(".")[:2])) < need.min_cuda:
+        return [f"torch is built with CUDA {cuda}; {what} needs {need.text}."]
+    return []
+
+
+def check_te_fp8_device(
+    device: torch.device, policy_name: str = TE_POLICY_NAME, recipe: str | None = "delayed"
+) -> None:
+    """Raise ``RuntimeError`` naming every reason ``device`` cannot run the ``te-fp8`` policy
+    (or ``te-fp8-fused``: ``policy_name`` is the name the message gives) with ``recipe``: a TE
+    recipe's name or short name (``TE_GPU_NEEDS``; None: TE's FP8 check, for a custom recipe).
+    With TE, TE's own check for the recipe has the last word."""
+    device = torch.device(device)
+    kind = "delayed" if recipe is None else te_recipe_short_name(recipe)
+    need = TE_GPU_NEEDS[kind]
+    what = "a custom TE recipe" if recipe is None else TE_RECIPE_SHORT_NAMES[kind]
+    problems = _gpu_problems(device, need, what)
     ok, reason = te_available()
     if not ok:
         problems.append(f"Transformer Engine is missing: {reason}. {TE_INSTALL_HINT}")
     elif not problems:
         te = _import_te()
-        if hasattr(te, "is_fp8_available"):
-            fp8_ok, why = te.is_fp8_available(return_reason=True)
-            if not fp8_ok:
-                problems.append(f"TE reports no FP8 support: {why}.")
+        if hasattr(te, need.te_check):
+            te_ok, why = getattr(te, need.te_check)(return_reason=True)
+            if not te_ok:
+                problems.append(f"TE reports no {need.label} support: {why}.")
     if problems:
         raise RuntimeError(
             f"The {policy_name!r} precision policy cannot run here: "
@@ -198,37 +330,62 @@ def check_te_fp8_device(device: torch.device, policy_name: str = TE_POLICY_NAME)
         )
 
 
-def make_te_policy(recipe: object | None = None, fused: bool = False) -> PrecisionPolicy:
-    """The ``te-fp8`` policy: TE modules, FP8 GEMMs under ``te_autocast`` with ``recipe``
-    (default: delayed scaling with TE's defaults), everything else under BF16 autocast.
+_GEMMS = {
+    "delayed": "FP8 GEMMs (delayed scaling)",
+    "current": "FP8 GEMMs (current scaling)",
+    "block": "FP8 GEMMs (block scaling)",
+    "mxfp8": "MXFP8 GEMMs",
+    "nvfp4": "NVFP4 GEMMs",
+    None: "GEMMs under a custom TE recipe",
+}
+
+
+def make_te_policy(
+    recipe: object | None = None, fused: bool = False, **recipe_options: Any
+) -> PrecisionPolicy:
+    """The ``te-fp8`` policy: TE modules, GEMMs under ``te_autocast`` with ``recipe``,
+    everything else under BF16 autocast. ``recipe``: None (delayed scaling, TE's defaults), a TE
+    recipe's name or short name (``TE_RECIPE_SHORT_NAMES``) with ``recipe_options`` for its
+    constructor (``te_recipe_by_name``), a TE recipe object, or our delayed-scaling recipe. Names
+    and options are checked now, without TE; the TE recipe is built on first use. The device
+    check is the recipe's (``TE_GPU_NEEDS``).
+
     ``fused=True`` gives ``te-fp8-fused``: the same, but the model is converted with
     ``convert_to_te(fused=True)`` (LayerNormLinear/LayerNormMLP; TE's fused modules play the role
-    our Triton kernels play in chapter 6).
+    our Triton kernels play in chapter 7).
 
     TE refuses delayed scaling inside ``torch.compile`` (TE 2.20 raises at autocast entry), so
-    do not compile a model trained under this policy.
+    do not compile a model trained under it.
     """
+    kind = te_recipe_kind(recipe)
+    if recipe is None or isinstance(recipe, str):
+        te_recipe_options(recipe or "delayed", **recipe_options)
+    elif recipe_options:
+        raise TypeError(f"Recipe options {sorted(recipe_options)} go with a recipe name.")
     converted: list[Any] = []  # TE's recipe, built on first use and then reused
 
     def region() -> contextlib.AbstractContextManager[None]:
         if not converted:
-            converted.append(te_recipe(recipe))
+            converted.append(te_recipe(recipe, **recipe_options))
         return te_autocast(enabled=True, recipe=converted[0])
 
     name = TE_FUSED_POLICY_NAME if fused else TE_POLICY_NAME
+    check_options: dict[str, Any] = {"policy_name": name} if fused else {}
+    if kind != "delayed":
+        check_options["recipe"] = kind
     return PrecisionPolicy(
         name=name,
         description=(
-            "te-fp8 with TE's fused LayerNormLinear (QKV) and LayerNormMLP modules"
+            f"te-fp8 with TE's fused LayerNormLinear (QKV) and LayerNormMLP modules, {_GEMMS[kind]}"
             if fused
-            else "Transformer Engine Linear/LayerNorm, FP8 GEMMs (delayed scaling), BF16 rest"
+            else f"Transformer Engine Linear/LayerNorm, {_GEMMS[kind]}, BF16 rest"
         ),
         autocast_dtype=torch.bfloat16,
         peak_dtype="fp8",
         prepare_model=functools.partial(convert_to_te, fused=True) if fused else convert_to_te,
         extra_context=region,
-        check=functools.partial(check_te_fp8_device, policy_name=name)
-        if fused
+        check=functools.partial(check_te_fp8_device, **check_options)
+        if check_options
         else check_te_fp8_device,
     )
 
