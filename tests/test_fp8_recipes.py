@@ -251,3 +251,16 @@ def test_cli_trains_each_recipe_with_a_falling_loss(
 def test_delayed_is_still_the_fp8_policy() -> None:
     assert RECIPE_PRECISIONS["delayed"] == "fp8"
     assert isinstance(make_recipe("delayed"), DelayedScaling)
+
+
+def test_runnable_precision_emulates_only_where_the_gpu_lacks_the_recipe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tutorial_lib.fp8.policy import runnable_fp8_precision
+
+    assert runnable_fp8_precision("nvfp4", "cpu") == "nvfp4"
+    _fake_gpu(monkeypatch, (9, 0), "Fake H100")
+    assert runnable_fp8_precision("fp8-current", "cuda") == "fp8-current"
+    name = runnable_fp8_precision("nvfp4", "cuda")
+    assert name == "nvfp4-emulated"
+    get_policy(name).validate("cuda")  # the emulating twin passes the device check

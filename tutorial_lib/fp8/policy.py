@@ -40,6 +40,7 @@ __all__ = [
     "make_fp8_policy",
     "register_fp8_policy",
     "register_fp8_policies",
+    "runnable_fp8_precision",
 ]
 
 FP8_POLICY_NAME = "fp8"
@@ -126,3 +127,20 @@ def register_fp8_policy(name: str = FP8_POLICY_NAME) -> PrecisionPolicy:
 def register_fp8_policies() -> list[PrecisionPolicy]:
     """Register every FP8 recipe's policy (``FP8_RECIPE_POLICIES``)."""
     return [register_fp8_policy(name) for name in FP8_RECIPE_POLICIES]
+
+
+def runnable_fp8_precision(precision: str, device: torch.device | str) -> str:
+    """``precision`` if ``device`` runs its recipe (natively, or a CPU's emulation); else the
+    name of the same policy with the emulation switched on, ``"<precision>-emulated"``,
+    registered on first use. For comparing recipes' numerics on a GPU that lacks some of them
+    (Hopper has no MXFP8 or NVFP4 math); its timings are the emulation's, not the recipe's."""
+    register_fp8_policy(precision)
+    try:
+        check_fp8_device(device, recipe=FP8_RECIPE_POLICIES[precision])
+        return precision
+    except RuntimeError:
+        name = f"{precision}-emulated"
+        if name not in POLICIES:
+            recipe = FP8_RECIPE_POLICIES[precision]
+            register_policy(make_fp8_policy(recipe, emulate=True, name=name))
+        return name

@@ -33,7 +33,7 @@ import torch
 
 from .gemm import scaled_gemm
 from .quantizers import QuantizedTensor
-from .quantizers.base import as_matrix, expand_tiles
+from .quantizers.base import as_matrix, expand_tiles, tile_grid
 from .recipes import Recipe
 
 __all__ = ["RecipeLinearFunction", "quantized_matmul", "scaled_values"]
@@ -46,10 +46,11 @@ def scaled_values(q: QuantizedTensor) -> torch.Tensor:
     per-tensor scale and without undoing a Hadamard transform (``QuantizedTensor.dequantize``
     does both)."""
     v = as_matrix(q.values())
+    rows, cols = v.shape
     scale = q.scale_inv.to(torch.float32)
     if scale.numel() == 1:
         return v * scale.reshape(())
-    return v * expand_tiles(scale.reshape(-1, scale.shape[-1]), q.tile, v.shape)
+    return v * expand_tiles(scale.reshape(tile_grid(rows, cols, q.tile)), q.tile, v.shape)
 
 
 def quantized_matmul(

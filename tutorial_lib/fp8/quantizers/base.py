@@ -28,6 +28,7 @@ __all__ = [
     "Quantizer",
     "FP8Quantizer",
     "as_matrix",
+    "tile_grid",
     "tile_amax",
     "tensor_amax",
     "expand_tiles",
@@ -98,7 +99,9 @@ class QuantizedTensor:
         if scale.numel() == 1:
             out = q * scale.reshape(())
         else:
-            out = q * expand_tiles(scale.reshape(_grid(rows, cols, self.tile)), self.tile, q.shape)
+            out = q * expand_tiles(
+                scale.reshape(tile_grid(rows, cols, self.tile)), self.tile, q.shape
+            )
         if self.rht:
             t = rht_matrix(out.device)
             out = (out.reshape(rows, -1, t.shape[0]) @ t.T).reshape(rows, cols)
@@ -205,13 +208,13 @@ def as_matrix(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, 1) if x.dim() == 0 else x.reshape(-1, x.shape[-1])
 
 
-def _grid(rows: int, cols: int, tile: tuple[int, int]) -> tuple[int, int]:
+def tile_grid(rows: int, cols: int, tile: tuple[int, int]) -> tuple[int, int]:
     return math.ceil(rows / tile[0]), math.ceil(cols / tile[1])
 
 
 def _padded(x: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
     rows, cols = x.shape
-    nr, nc = _grid(rows, cols, tile)
+    nr, nc = tile_grid(rows, cols, tile)
     return F.pad(x, (0, nc * tile[1] - cols, 0, nr * tile[0] - rows))
 
 
@@ -223,7 +226,7 @@ def tile_amax(x: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
     """
     a = x.to(torch.float32).abs()
     a = _padded(torch.where(torch.isnan(a), 0.0, a), tile)
-    nr, nc = _grid(x.shape[0], x.shape[1], tile)
+    nr, nc = tile_grid(x.shape[0], x.shape[1], tile)
     return a.reshape(nr, tile[0], nc, tile[1]).amax(dim=(1, 3))
 
 

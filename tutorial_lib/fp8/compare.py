@@ -1,0 +1,154 @@
+"""Comparing the recipes on the same tensors and the same run: quantization error, storage, and
+training loss (the chapter "FP8 recipes compared").
+
+    quant_error(x, q)            error, SNR, underflow and clipping of one quantized tensor
+    compare_recipes(tensors)     every recipe x every captured tensor, as rows
+    quantized_bytes(q)           bytes of a quantized tensor's payload and scales
+    recipe_loss_curves(...)      the same model, seed and batches trained with each recipe
+
+Delayed scaling needs a scale chosen before the tensor is seen: ``compare_recipes`` takes it
+from ``previous`` (the same tensors one or more steps earlier, TE's amax history with the
+``"max"`` rule), or, without it, from the tensor itself (then it equals current scaling).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..config import GPTConfig
+from .policy import runnable_fp8_precision
+from .quantizers import QuantizedTensor, get_quantizer
+from .quantizers.base import as_matrix, expand_tiles, tensor_amax, tile_grid
+from .recipes import RECIPE_PRECISIONS
+from .scaling import Format
+
+__all__ = [
+    "COMPARED_RECIPES",
+    "quant_error",
+    "quantized_bytes",
+    "compare_recipes",
+    "recipe_loss_curves",
+]
+
+COMPARED_RECIPES = ("delayed", "current", "rowwise", "block", "mxfp8", "nvfp4")
+_FORMAT_MAX = {"E4M3": 448.0, "E5M2": 57344.0, "E2M1": 6.0}
+_FORMAT_BITS = {"E4M3": 8, "E5M2": 8, "E2M1": 4}
+
+
+def _tile_limit(q: QuantizedTensor) -> torch.Tensor:
+    """Per element, the largest magnitude its tile can hold: format max times the tile's
+    dequantization scale (times NVFP4's tensor scale)."""
+    rows, cols = as_matrix(q.data).shape
+    scale = q.scale_inv.to(torch.float32)
+    if scale.numel() == 1:
+        limit = torch.full((rows, cols), float(scale))
+    else:
+        limit = expand_tiles(scale.reshape(tile_grid(rows, cols, q.tile)), q.tile, (rows, cols))
+    if q.tensor_scale_inv is not None:
+        limit = limit * q.tensor_scale_inv
+    return limit * _FORMAT_MAX[q.fmt]
+
+
+def quant_error(x: torch.Tensor, q: QuantizedTensor) -> dict[str, float]:
+    """How well ``q`` represents ``x`` (finite elements only), in float64:
+    rel_rmse: ``||x - deq|| / ||x||``; snr_db: ``10 log10(sum x^2 / sum (x - deq)^2)``;
+    underflow: fraction of nonzero elements that came back as zero;
+    clipped: fraction of elements larger than their tile can hold (saturated to the max)."""
+    if q.rht:
+        raise ValueError("quant_error: pass a row-wise copy (no Hadamard transform).")
+    xm = as_matrix(x).to(torch.float64)
+    deq = as_matrix(q.dequantize(torch.float64))
+    finite = torch.isfinite(xm)
+    xf, df = xm[finite], deq[finite]
+    err = (xf - df).square().sum()
+    signal = xf.square().sum()
+    nonzero = xf != 0
+    limit = _tile_limit(q).to(torch.float64)[finite]
+    return {
+        "rel_rmse": float(err.sqrt() / signal.sqrt()) if signal > 0 else 0.0,
+        "snr_db": float(10 * torch.log10(signal / err)) if err > 0 else math.inf,
+        "underflow": float((nonzero & (df == 0)).sum() / max(int(nonzero.sum()), 1)),
+        "clipped": float((xf.abs() > limit * (1 + 1e-6)).sum() / max(xf.numel(), 1)),
+    }
+
+
+def quantized_bytes(q: QuantizedTensor) -> dict[str, int]:
+    """Storage of ``q`` as the GPU keeps it: the payload (FP4 packed two per byte) and the
+    scales (float32 per-tensor/row/tile scales: 4 bytes; E8M0 and E4M3 scales: 1 byte; NVFP4's
+    tensor scale: 4 bytes)."""
+    payload = math.ceil(q.data.numel() * _FORMAT_BITS[q.fmt] / 8)
+    scales = q.scale_inv.numel() * q.scale_inv.element_size()
+    if q.tensor_scale_inv is not None:
+        scales += 4
+    return {"payload": payload, "scales": scales, "total": payload + scales}
+
+
+def _quantizer(recipe: str, role: str, delayed_amax: torch.Tensor | None) -> Any:
+    if recipe != "delayed":
+        return get_quantizer(recipe, role)
+    fmt = Format.HYBRID.bwd if role == "grad_output" else Format.HYBRID.fwd
+    amax = float(delayed_amax) if delayed_amax is not None else 0.0
+    scale = fmt.max / amax if amax > 0 and math.isfinite(amax) else 1.0
+    return get_quantizer("delayed", role, scale=scale)
+
+
+def compare_recipes(
+    tensors: Mapping[str, Mapping[str, torch.Tensor]],
+    recipes: Sequence[str] = COMPARED_RECIPES,
+    previous: Sequence[Mapping[str, Mapping[str, torch.Tensor]]] = (),
+) -> list[dict[str, Any]]:
+    """One row per (layer, role, recipe) of ``tensors`` (``fp8.capture_gemm_tensors``' result):
+    layer, role, recipe, the ``quant_error`` fields and the bytes per element stored.
+    ``previous``: earlier captures of the same layers; delayed scaling uses the largest amax
+    among them (TE's ``"max"`` over its history), else this tensor's own."""
+    rows: list[dict[str, Any]] = []
+    for layer, slots in tensors.items():
+        for role, x in slots.items():
+            history = [tensor_amax(p[layer][role]) for p in previous if layer in p]
+            delayed_amax = torch.stack(history).max() if history else tensor_amax(x)
+            for recipe in recipes:
+                q = _quantizer(recipe, role, delayed_amax).quantize(x)
+                size = quantized_bytes(q)
+                rows.append(
+                    {
+                        "layer": layer,
+                        "role": role,
+                        "recipe": recipe,
+                        **quant_error(x, q),
+                        "bytes_per_element": size["total"] / max(x.numel(), 1),
+                    }
+                )
+    return rows
+
+
+def recipe_loss_curves(
+    cfg: GPTConfig,
+    steps: int,
+    recipes: Sequence[str] = COMPARED_RECIPES,
+    baseline: str = "bf16",
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+    device: torch.device | str = "cpu",
+    **train_options: Any,
+) -> dict[str, list[float]]:
+    """Training loss per step for ``baseline`` and each recipe's precision (``RECIPE_PRECISIONS``),
+    each run from the same initial weights (``seed``) on the same batches (``train.run_training``).
+    ``train_options`` go to ``TrainConfig``; ``progress`` is called with each run's name.
+    On a GPU, a recipe it cannot run natively runs emulated (``policy.runnable_fp8_precision``):
+    same numerics, not the recipe's speed. Keys are the recipes' precision names."""
+    from ..train import TrainConfig, run_training  # train imports the precision registry
+
+    curves: dict[str, list[float]] = {}
+    for name in (baseline, *(RECIPE_PRECISIONS[r] for r in recipes)):
+        if progress is not None:
+            progress(name)
+        run_as = name if name == baseline else runnable_fp8_precision(name, device)
+        options = {"eval_every": 0, "progress": False, **train_options}
+        train_cfg = TrainConfig(steps=steps, precision=run_as, seed=seed, **options)
+        trainer = run_training(cfg, train_cfg, device=device, seed=seed, data_seed=seed)
+        curves[name] = [float(row["loss"] or math.nan) for row in trainer.history]
+    return curves
