@@ -168,7 +168,7 @@ def test_stub_is_not_written_yet(
     result = check(exercise_id, getattr(module, ex.function))  # does not raise
     assert not result.passed
     out = capsys.readouterr().out
-    if result.status == "unavailable":  # 6.1 without Triton
+    if result.status == "unavailable":  # 7.1 without Triton
         assert "cannot run here" in out
     else:
         assert result.status == "not written" and "not written yet" in out
@@ -284,6 +284,36 @@ def scaling_in_place(
     return history, new_scale
 
 
+def _block_tiles(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    m = x.reshape(-1, x.shape[-1]).float()
+    n = -(-m.shape[1] // 128)
+    tiles = nn.functional.pad(m, (0, n * 128 - m.shape[1])).reshape(m.shape[0], n, 128)
+    return tiles, tiles.abs().amax(2), m.shape[1]
+
+
+def _block_finish(
+    x: torch.Tensor, tiles: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor, cols: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = torch.where(amax == 0, 1.0, scale)
+    y = (tiles * scale[..., None]).clamp(-448.0, 448.0).reshape(tiles.shape[0], -1)[:, :cols]
+    return y.to(torch.float8_e4m3fn).reshape(x.shape), 1.0 / scale
+
+
+def block_without_power_of_two(
+    x: torch.Tensor, fp8_max: float = 448.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    tiles, amax, cols = _block_tiles(x)
+    return _block_finish(x, tiles, amax, fp8_max / amax, cols)  # 448 / amax as it is
+
+
+def block_power_of_two_by_log2(
+    x: torch.Tensor, fp8_max: float = 448.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    tiles, amax, cols = _block_tiles(x)
+    scale = torch.exp2(torch.floor(torch.log2(fp8_max / amax)))  # log2(128 - ulp) rounds to 7
+    return _block_finish(x, tiles, amax, scale, cols)
+
+
 @triton.jit
 def _gelu_without_bias_kernel(x_ptr: Any, y_ptr: Any, N: Any, BLOCK_N: tl.constexpr) -> None:
     cols = tl.arange(0, BLOCK_N)
@@ -338,6 +368,12 @@ WRONG = [
         r"case 2 of 5.*\n  new_history: wrong value at index \(1, 1\)",
     ),
     ("5.1", scaling_in_place, r"changed its input amax_history in place"),
+    ("6.1", block_without_power_of_two, r"case 1 of 6: \(1, 128\).*\n  data: wrong value"),
+    (
+        "6.1",
+        block_power_of_two_by_log2,
+        r"case 5 of 6.*largest error is at \(0, 5\): expected 224, got 448",
+    ),
     ("7.1", gelu_forgets_the_bias, r"case 1 of 3.*\n  result: wrong value at index \(0, \d+\)"),
     ("8.1", mfu_without_attention, r"case 1 of 4: gpt2-124m.*\n  result: wrong value: expected"),
     (

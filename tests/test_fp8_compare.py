@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from tutorial_lib.bench import loss_curves, recipe_runs
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.fp8 import get_quantizer
 from tutorial_lib.fp8.compare import (
@@ -15,7 +16,6 @@ from tutorial_lib.fp8.compare import (
     compare_recipes,
     quant_error,
     quantized_bytes,
-    recipe_loss_curves,
 )
 
 
@@ -64,13 +64,13 @@ def test_compare_recipes_rows_and_delayed_history() -> None:
     assert by[("input", "nvfp4")]["bytes_per_element"] < by[("input", "block")]["bytes_per_element"]
 
 
-def test_recipe_loss_curves_same_start() -> None:
+def test_recipe_runs_start_from_the_same_weights_and_batches() -> None:
     cfg = GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=32)
-    names = []
-    curves = recipe_loss_curves(
-        cfg, 3, recipes=("current", "nvfp4"), batch_size=2, progress=names.append
-    )
-    assert names == ["bf16", "fp8-current", "nvfp4"] and list(curves) == names
+    names: list[str] = []
+    runs = recipe_runs(cfg, 3, recipes=("current", "nvfp4"), batch_size=2, progress=names.append)
+    assert names == ["bf16", "fp8-current", "nvfp4"] and list(runs) == names
+    curves = loss_curves(runs)
     assert all(len(c) == 3 for c in curves.values())
     first = [c[0] for c in curves.values()]  # same weights and batch: the first losses agree
     assert max(first) - min(first) < 0.05
+    assert max(first) - min(first) > 0  # but each ran its own precision

@@ -110,8 +110,15 @@ SPECS: dict[str, DeviceSpec] = {
     "B200": DeviceSpec(
         name="B200",
         # NVIDIA HGX B200 / DGX B200 datasheet per GPU (dense = sparse / 2): TF32 1.1 PF,
-        # BF16/FP16 2.25 PF, FP8 4.5 PF; FP32 75 TF.
-        peak_flops={"fp32": 75e12, "tf32": 1.1e15, "bf16": 2.25e15, "fp16": 2.25e15, "fp8": 4.5e15},
+        # BF16/FP16 2.25 PF, FP8 4.5 PF, FP4 9 PF (18 PF sparse); FP32 75 TF.
+        peak_flops={
+            "fp32": 75e12,
+            "tf32": 1.1e15,
+            "bf16": 2.25e15,
+            "fp16": 2.25e15,
+            "fp8": 4.5e15,
+            "fp4": 9e15,
+        },
         hbm_bandwidth=8.0 * _TB,  # datasheet: 8 TB/s HBM3e
         hbm_capacity=192 * _GB,  # datasheet: 192 GB (180 GB usable in DGX B200)
         nvlink_bandwidth=900 * _GB,  # NVLink 5: 1.8 TB/s bidirectional

@@ -14,6 +14,7 @@ measuring tools of ``tutorial_lib.perf``, and nothing below it imports it.
 from .fp8_model import GemmCost, linear_layer_cost, sweep
 from .gemm_bench import GemmTiming, gemm_sweep, gemm_sweep_table, plot_gemm_sweep
 from .policy_bench import benchmark_policies, make_step, run_policy
+from .recipe_runs import loss_curves, recipe_runs
 from .results import (
     environment_stamp,
     latest_hopper_results,
@@ -37,6 +38,8 @@ __all__ = [
     "benchmark_policies",
     "make_step",
     "run_policy",
+    "recipe_runs",
+    "loss_curves",
     # FP8 cost model (chapter 5)
     "GemmCost",
     "linear_layer_cost",

@@ -75,7 +75,7 @@ class GemmCost:
         return self.bf16_s / self.fp8_total_s
 
 
-def _training_gemms(m: int, n: int, k: int, operand_bytes: int) -> list[Op]:
+def training_gemms(m: int, n: int, k: int, operand_bytes: int) -> list[Op]:
     """Forward, dgrad and wgrad of a (m, k) x (k, n) Linear; BF16 outputs (2 bytes)."""
     ops = []
     for name, (a, b, c) in {"forward": (m, n, k), "dgrad": (m, k, n), "wgrad": (n, k, m)}.items():
@@ -126,8 +126,8 @@ def linear_layer_cost(
     m, n, k = tokens, out_features, in_features
     bf16 = _scaled_roof(spec, "bf16", efficiency, bandwidth_efficiency)
     fp8 = _scaled_roof(spec, "fp8", efficiency, bandwidth_efficiency)
-    bf16_s = sum(bf16.time(op) for op in _training_gemms(m, n, k, operand_bytes=2))
-    fp8_gemm_s = sum(fp8.time(op) for op in _training_gemms(m, n, k, operand_bytes=1))
+    bf16_s = sum(bf16.time(op) for op in training_gemms(m, n, k, operand_bytes=2))
+    fp8_gemm_s = sum(fp8.time(op) for op in training_gemms(m, n, k, operand_bytes=1))
     quant_bytes = QUANT_BYTES_PER_ELEMENT * (m * k + n * k + m * n)  # x, w, dy
     fp8_quant_s = quant_bytes / fp8.bandwidth
     return GemmCost(m, n, k, bf16_s, fp8_gemm_s, fp8_quant_s, fp8_gemm_s + fp8_quant_s)

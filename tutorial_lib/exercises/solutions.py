@@ -94,6 +94,25 @@ def delayed_scaling_update(
     return new_history, new_scale
 
 
+# Exercise 6.1: a 1x128 block quantizer
+def block_quantize_1x128(
+    x: torch.Tensor, fp8_max: float = 448.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    m = x.reshape(-1, x.shape[-1]).to(torch.float32)  # (rows, cols)
+    rows, cols = m.shape
+    n_tiles = -(-cols // 128)  # ceil(cols / 128)
+    # pad the last tile with zeros: they never change an amax
+    padded = torch.nn.functional.pad(m, (0, n_tiles * 128 - cols))
+    tiles = padded.reshape(rows, n_tiles, 128)
+    amax = tiles.abs().amax(dim=2)  # (rows, n_tiles)
+    scale = torch.full_like(amax, fp8_max) / amax  # float32 division
+    bits = scale.view(torch.int32) & -(1 << 23)  # clear the mantissa
+    scale = torch.where(amax == 0, 1.0, bits.view(torch.float32))
+    y = (tiles * scale[..., None]).clamp(-fp8_max, fp8_max)
+    data = y.reshape(rows, -1)[:, :cols].to(torch.float8_e4m3fn)
+    return data.reshape(x.shape), 1.0 / scale
+
+
 # Exercise 7.1: a fused bias + GELU kernel in Triton
 @triton.jit
 def bias_gelu_kernel(
@@ -173,6 +192,7 @@ _SOLUTIONS: dict[str, Callable[..., Any]] = {
     "3.1": round_to_bf16,
     "4.1": quantize_e4m3,
     "5.1": delayed_scaling_update,
+    "6.1": block_quantize_1x128,
     "7.1": fused_bias_gelu,
     "8.1": mfu_from_step,
     "9.1": column_parallel_forward,

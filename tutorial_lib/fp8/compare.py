@@ -4,8 +4,8 @@ training loss (the chapter "FP8 recipes compared").
     quant_error(x, q)            error, SNR, underflow and clipping of one quantized tensor
     compare_recipes(tensors)     every recipe x every captured tensor, as rows
     quantized_bytes(q)           bytes of a quantized tensor's payload and scales
-    recipe_loss_curves(...)      the same model, seed and batches trained with each recipe
 
+The training runs the chapter compares come from ``bench.recipe_runs``.
 Delayed scaling needs a scale chosen before the tensor is seen: ``compare_recipes`` takes it
 from ``previous`` (the same tensors one or more steps earlier, TE's amax history with the
 ``"max"`` rule), or, without it, from the tensor itself (then it equals current scaling).
@@ -14,16 +14,13 @@ from ``previous`` (the same tensors one or more steps earlier, TE's amax history
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..config import GPTConfig
-from .policy import runnable_fp8_precision
 from .quantizers import QuantizedTensor, get_quantizer
 from .quantizers.base import as_matrix, expand_tiles, tensor_amax, tile_grid
-from .recipes import RECIPE_PRECISIONS
 from .scaling import Format
 
 __all__ = [
@@ -31,7 +28,6 @@ __all__ = [
     "quant_error",
     "quantized_bytes",
     "compare_recipes",
-    "recipe_loss_curves",
 ]
 
 COMPARED_RECIPES = ("delayed", "current", "rowwise", "block", "mxfp8", "nvfp4")
@@ -123,32 +119,3 @@ def compare_recipes(
                     }
                 )
     return rows
-
-
-def recipe_loss_curves(
-    cfg: GPTConfig,
-    steps: int,
-    recipes: Sequence[str] = COMPARED_RECIPES,
-    baseline: str = "bf16",
-    seed: int = 0,
-    progress: Callable[[str], None] | None = None,
-    device: torch.device | str = "cpu",
-    **train_options: Any,
-) -> dict[str, list[float]]:
-    """Training loss per step for ``baseline`` and each recipe's precision (``RECIPE_PRECISIONS``),
-    each run from the same initial weights (``seed``) on the same batches (``train.run_training``).
-    ``train_options`` go to ``TrainConfig``; ``progress`` is called with each run's name.
-    On a GPU, a recipe it cannot run natively runs emulated (``policy.runnable_fp8_precision``):
-    same numerics, not the recipe's speed. Keys are the recipes' precision names."""
-    from ..train import TrainConfig, run_training  # train imports the precision registry
-
-    curves: dict[str, list[float]] = {}
-    for name in (baseline, *(RECIPE_PRECISIONS[r] for r in recipes)):
-        if progress is not None:
-            progress(name)
-        run_as = name if name == baseline else runnable_fp8_precision(name, device)
-        options = {"eval_every": 0, "progress": False, **train_options}
-        train_cfg = TrainConfig(steps=steps, precision=run_as, seed=seed, **options)
-        trainer = run_training(cfg, train_cfg, device=device, seed=seed, data_seed=seed)
-        curves[name] = [float(row["loss"] or math.nan) for row in trainer.history]
-    return curves
