@@ -297,3 +297,37 @@ def test_modules_without_fp8_state_save_an_empty_tensor(te_recipe_module: None) 
     load_model_state_dict(_model(1, run=False), state)
     with pytest.raises(RuntimeError, match=r"(?i)missing key.*_extra_state"):
         load_model_state_dict(_model(1), {k: v for k, v in state.items() if "extra" not in k})
+
+
+def test_a_mismatched_te_state_is_refused_before_anything_loads(
+    te_recipe_module: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint whose FP8 state was saved for 2 GEMMs cannot load into a module that runs 1:
+    the error comes before the weights or any other module's state change."""
+    monkeypatch.delenv(TE_UNSAFE_PICKLE_ENV, raising=False)
+    state = model_state_dict(_model(0))
+    extra = state["blocks.0.mlp.fc._extra_state"]
+    for d, per_gemm in (("fwd", 3), ("bwd", 2)):  # the same state, widened to two GEMMs
+        extra[f"scale_{d}"] = extra[f"scale_{d}"].repeat(2)
+        extra[f"amax_history_{d}"] = extra[f"amax_history_{d}"].repeat(1, 2)
+        assert extra[f"scale_{d}"].numel() == 2 * per_gemm
+    fresh = _model(1)  # has run: num_gemms = 1
+    before = {k: v.clone() for k, v in fresh.state_dict().items() if "extra" not in k}
+    scales = {k: _te_meta(fresh)[k].scale.clone() for k in ("scaling_fwd", "scaling_bwd")}
+    with pytest.raises(CheckpointError, match=r"blocks.0.mlp.fc._extra_state.*2 GEMM.*runs 1"):
+        load_model_state_dict(fresh, state)
+    for key, value in fresh.state_dict().items():
+        if "extra" not in key:  # TE's extra state is a fresh pickle each time
+            assert torch.equal(value, before[key]), key
+    for key, scale in scales.items():
+        assert torch.equal(_te_meta(fresh)[key].scale, scale)
+
+
+def test_te_save_condition_is_respected(te_recipe_module: None) -> None:
+    """TE saves FP8 state only if ``fp8_meta["fp8_checkpoint"] or fp8 or fp8_calibration``."""
+    module = _model(0).blocks[0].mlp.fc
+    assert te_extra_state(module) is not None
+    module.fp8_meta["fp8_checkpoint"] = False  # e.g. a module last run outside any FP8 region
+    assert te_extra_state(module) is None
+    module.fp8_calibration = True
+    assert te_extra_state(module) is not None

@@ -125,7 +125,12 @@ def load_model_state_dict(model: torch.nn.Module, state: dict[str, Any]) -> None
     if not any(key.endswith("_extra_state") for key in state):
         model.load_state_dict(state)
         return
-    from .fp8.te_state import TE_UNSAFE_PICKLE_ENV, load_te_extra_state, te_extra_state_modules
+    from .fp8.te_state import (
+        TE_UNSAFE_PICKLE_ENV,
+        check_te_extra_state,
+        load_te_extra_state,
+        te_extra_state_modules,
+    )
 
     te = {k: m for k, m in te_extra_state_modules(model).items() if k in state}
     pickled = [k for k in te if _is_pickled_te_state(state[k])]
@@ -139,6 +144,11 @@ def load_model_state_dict(model: torch.nn.Module, state: dict[str, Any]) -> None
         )
     _check_keys(model, state)
     safe = {k: state[k] for k in te if isinstance(state[k], dict)}
+    for key, value in safe.items():  # every FP8 state must fit before anything loads
+        try:
+            check_te_extra_state(te[key], value)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{key}: {exc} Nothing was loaded.") from exc
     model.load_state_dict({k: v for k, v in state.items() if k not in safe}, strict=False)
     for key, value in safe.items():
         load_te_extra_state(te[key], value)

@@ -53,6 +53,7 @@ __all__ = [
     "from_te_extra_state",
     "te_extra_state",
     "load_te_extra_state",
+    "check_te_extra_state",
     "is_te_module",
     "te_extra_state_modules",
 ]
@@ -202,9 +203,14 @@ _EXTRA = "_extra_state"  # torch.nn.modules.module._EXTRA_STATE_KEY_SUFFIX
 
 def te_extra_state(module: nn.Module) -> dict[str, Any] | None:
     """A TE module's delayed-scaling state as ``to_te_extra_state`` writes it, read from its
-    ``fp8_meta``; None where TE would save an empty tensor (never ran in FP8, or a recipe
-    without state, such as current scaling)."""
+    ``fp8_meta``; None where TE would save an empty tensor: TE's condition
+    (``fp8_meta["fp8_checkpoint"] or module.fp8 or module.fp8_calibration``) is false, or the
+    recipe has no state (current scaling and the other stateless recipes)."""
     meta: dict[str, Any] = getattr(module, "fp8_meta", None) or {}
+    # TE's save condition (get_extra_state, pytorch/module/base.py)
+    saved = meta.get("fp8_checkpoint") or getattr(module, "fp8", False)
+    if not (saved or getattr(module, "fp8_calibration", False)):
+        return None
     recipe = meta.get("recipe")
     delayed = getattr(recipe, "delayed", None)
     stateful = delayed() if callable(delayed) else hasattr(recipe, "amax_history_len")
@@ -218,12 +224,29 @@ def te_extra_state(module: nn.Module) -> dict[str, Any] | None:
     return to_te_extra_state(FP8ModuleState(*metas), _our_recipe(recipe), meta)
 
 
+def check_te_extra_state(module: nn.Module, extra: dict[str, Any]) -> DelayedScaling:
+    """Raise ValueError if ``extra`` cannot load into ``module`` (malformed, or saved from a
+    module with another number of GEMMs); else its recipe. Changes nothing, so a checkpoint can
+    be checked whole before any of it loads."""
+    state, recipe = from_te_extra_state(extra)
+    saved = _num_gemms(state.forward.num_tensors, state.backward.num_tensors)
+    meta = getattr(module, "fp8_meta", None) or {}
+    expected = meta.get("num_gemms")  # TE sets it when the module first runs or is built
+    if expected is not None and expected != saved:
+        raise ValueError(
+            f"{type(module).__name__}: the saved FP8 state is for {saved} GEMM(s), this module "
+            f"runs {expected}: the checkpoint comes from another model."
+        )
+    return recipe
+
+
 def load_te_extra_state(module: nn.Module, extra: dict[str, Any]) -> None:
     """Restore ``extra`` (``to_te_extra_state``'s form) into a TE module, as TE's
     ``set_extra_state`` does but without pickle: the plain values and the recipe (as TE's
     ``DelayedScaling``, through ``te_recipe``) into ``fp8_meta``, ``init_fp8_meta_tensors``,
-    then the scales and histories copied in. Needs TE (for the recipe object)."""
-    _, recipe = from_te_extra_state(extra)  # validates before anything changes
+    then the scales and histories copied in. Needs TE (for the recipe object). Nothing of the
+    module changes unless the whole state fits it (``check_te_extra_state``)."""
+    recipe = check_te_extra_state(module, extra)
     te_delayed = te_recipe(recipe)
     meta: dict[str, Any] = module.fp8_meta  # type: ignore[assignment]
     meta.update(extra.get("extra_fp8_variables", {}))
