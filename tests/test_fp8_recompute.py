@@ -12,7 +12,7 @@ import torch.utils.checkpoint
 
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
-from tutorial_lib.fp8 import DelayedScaling, FP8Linear, autocast, checkpoint
+from tutorial_lib.fp8 import DelayedScaling, Float8BlockScaling, FP8Linear, autocast, checkpoint
 from tutorial_lib.model import GPT
 
 CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)
@@ -77,6 +77,22 @@ def test_plain_torch_checkpoint_is_refused_naming_the_helper() -> None:
             torch.utils.checkpoint.checkpoint(model.blocks[0], x, use_reentrant=False)
     out = torch.utils.checkpoint.checkpoint(model.blocks[0], x, use_reentrant=False)  # no FP8
     out.sum().backward()
+
+
+@pytest.mark.parametrize("recipe", [RECIPE, Float8BlockScaling()], ids=["delayed", "block"])
+def test_reentrant_torch_checkpoint_is_refused_at_its_recompute(recipe: object) -> None:
+    """use_reentrant=True runs the block under no_grad, then recomputes it in the backward pass,
+    after the FP8 region has exited: in high precision. The recompute raises, naming the fix."""
+    model = build_model(CFG, precision="fp8", seed=0)
+    x = torch.randn(8, CFG.block_size, CFG.n_embd, requires_grad=True)
+    with autocast(recipe=recipe):
+        out = torch.utils.checkpoint.checkpoint(model.blocks[0], x, use_reentrant=True)
+    with pytest.raises(
+        RuntimeError, match=r"blocks\.0\..*reentrant.*tutorial_lib\.fp8\.checkpoint"
+    ):
+        out.sum().backward()
+    fresh = build_model(CFG, precision="fp8", seed=0)  # never ran FP8: plain high precision
+    torch.utils.checkpoint.checkpoint(fresh.blocks[0], x, use_reentrant=True).sum().backward()
 
 
 def test_the_helper_refuses_nesting_and_reentrant_mode() -> None:

@@ -22,8 +22,8 @@ amaxes of their input and weight (not output or gradients) into row 0, as TE's L
 the largest) and a NaN in the tensor makes the slot NaN. As in TE no update happens at exit (the
 region is not enabled), so the last batch's amaxes enter the first FP8 update.
 Activation checkpointing: wrap checkpointed blocks in ``tutorial_lib.fp8.checkpoint`` (module
-``recompute``), never plain ``torch.utils.checkpoint`` (FP8Linear refuses its non-reentrant
-form with an error naming the helper; the reentrant form is not detected).
+``recompute``), never plain ``torch.utils.checkpoint`` (FP8Linear refuses it with an error naming
+the helper: the non-reentrant form at the forward, the reentrant form at its recompute).
 The region state is process-global (like TE's): do not run FP8 regions in several threads.
 """
 

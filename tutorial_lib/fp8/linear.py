@@ -47,7 +47,13 @@ from .formats import quantize
 from .gemm import scaled_gemm
 from .recipe_linear import RecipeLinearFunction
 from .recipes import Recipe, check_recipe_device, sr_seed
-from .recompute import _Call, check_not_plain_checkpoint, record_call, replay_call
+from .recompute import (
+    _Call,
+    check_not_plain_checkpoint,
+    check_not_reentrant_recompute,
+    record_call,
+    replay_call,
+)
 from .scaling import (
     GEMM1_INPUT,
     GEMM1_WEIGHT,
@@ -189,6 +195,7 @@ class FP8Linear(nn.Linear):
         self.fp8_name: str | None = None
         self._last_stats: dict[str, QuantStats] = {}
         self._sr_generator: torch.Generator | None = None
+        self._ran_fp8 = False  # a forward in FP8 happened (recompute checks need it)
         self._init_fp8_buffers(amax_history_len, device)
 
     @classmethod
@@ -260,6 +267,8 @@ class FP8Linear(nn.Linear):
         call = replay_call(self)  # inside fp8.checkpoint's recompute: repeat the recorded call
         if call is not None:
             return self._replay(x, call)
+        if self._ran_fp8:
+            check_not_reentrant_recompute(self._layer_name())
         fp8 = get_autocast_state()
         if fp8 is None or not (fp8.enabled or fp8.calibrating):
             record_call(self)
@@ -274,6 +283,7 @@ class FP8Linear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         self._check_fp8_shapes(x)
         check_not_plain_checkpoint(self._layer_name())
+        self._ran_fp8 = True
         emulate = self._resolve_emulate(x.device, fp8)
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
@@ -298,6 +308,7 @@ class FP8Linear(nn.Linear):
         if problem:
             raise ValueError(f"FP8 GEMM shape error in layer {self._layer_name()}: {problem}.")
         check_not_plain_checkpoint(self._layer_name())
+        self._ran_fp8 = True
         flag = self.emulate if self.emulate is not None else fp8.emulate
         emulate = check_recipe_device(recipe, x.device, flag, self._layer_name())
         dev = x.device.type

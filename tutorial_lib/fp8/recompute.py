@@ -20,9 +20,11 @@ Here, ``checkpoint`` is ``torch.utils.checkpoint.checkpoint(use_reentrant=False)
                backward runs the first forward's autograd nodes (non-reentrant checkpointing
                takes only the saved tensors from the recompute), which keep their own claim.
 So the recomputed FP8 operands equal the first forward's bit for bit, and gradients and scaling
-state equal those of the run without checkpointing. Not supported: nesting ``checkpoint`` and
-reentrant checkpointing (``use_reentrant=True`` runs the forward under ``no_grad`` and the
-recompute outside the region; it is not detected, so do not use it with FP8Linear).
+state equal those of the run without checkpointing. Not supported: nesting ``checkpoint``, and
+plain ``torch.utils.checkpoint`` in either form: the non-reentrant one is refused at the forward
+(``check_not_plain_checkpoint``), the reentrant one (``use_reentrant=True``, which runs the
+forward under ``no_grad`` and recomputes during the backward pass, outside the region) at the
+recompute (``check_not_reentrant_recompute``: an FP8 layer's forward during a backward pass).
 """
 
 from __future__ import annotations
@@ -157,6 +159,22 @@ def check_not_plain_checkpoint(layer: str) -> None:
             "outside the FP8 region (high precision, or other scales). Checkpoint blocks with "
             "FP8 layers through tutorial_lib.fp8.checkpoint(block, *args) instead."
         )
+
+
+def check_not_reentrant_recompute(layer: str) -> None:
+    """Raise if a layer that has run in FP8 runs again during a backward pass, outside
+    ``checkpoint``'s replay: reentrant ``torch.utils.checkpoint`` recomputing it (outside the FP8
+    region, or with other scales and a second amax record)."""
+    if torch._C._current_graph_task_id() == -1:
+        return  # not inside a backward pass
+    if getattr(_top_pack_hook(), "__module__", None) == "torch.utils.checkpoint":
+        return  # a non-reentrant recompute: its forward was checked (check_not_plain_checkpoint)
+    raise RuntimeError(
+        f"{layer} ran a forward pass during the backward pass: reentrant "
+        "torch.utils.checkpoint (use_reentrant=True, torch's default) recomputing it, which "
+        "would run it outside the FP8 region (high precision) or record its amaxes twice. "
+        "Checkpoint blocks with FP8 layers through tutorial_lib.fp8.checkpoint(block, *args)."
+    )
 
 
 def _top_pack_hook() -> Any:
