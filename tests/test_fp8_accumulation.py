@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -100,12 +101,34 @@ def test_scaled_gemm_gives_scaled_mm_the_flag(monkeypatch: pytest.MonkeyPatch) -
     want = emulated_gemm(a, inv[0], b, inv[1])
     for fast in (True, False):  # emulation: same result, whatever the flag
         assert torch.equal(scaled_gemm(a, inv[0], b, inv[1], use_fast_accum=fast), want)
-    monkeypatch.setattr(gemm, "_on_fp8_units", lambda a, b: True)
+    monkeypatch.setattr(gemm, "_is_cuda", lambda t: True)
     monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
     for fast in (True, False):
         scaled_gemm(a, inv[0], b, inv[1], use_fast_accum=fast)
     scaled_gemm(a, inv[0], b, inv[1])
     assert [c["use_fast_accum"] for c in calls] == [True, False, False]  # default: split
+    assert all(c["out_dtype"] == torch.float32 for c in calls)  # per-tensor: as asked
+    rows, cols = torch.rand(32, 1) + 0.5, torch.rand(1, 16) + 0.5  # row-wise scales: BF16 out
+    got = scaled_gemm(a, rows, b, cols)
+    assert calls[-1]["out_dtype"] == torch.bfloat16 and got.dtype == torch.float32
+
+
+def test_a_gpu_gemm_off_the_16_grid_warns_once_and_emulates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gemm, "_is_cuda", lambda t: True)
+    monkeypatch.setattr(gemm, "_WARNED", set())
+    monkeypatch.setattr(torch, "_scaled_mm", None)  # must not be called
+    g = torch.Generator().manual_seed(1)
+    a = quantize(torch.randn(24, 48, generator=g), E4M3, torch.tensor(2.0))  # 24: not 16k
+    b = quantize(torch.randn(48, 16, generator=g), E4M3, torch.tensor(4.0))
+    inv = torch.tensor(0.5), torch.tensor(0.25)
+    with pytest.warns(RuntimeWarning, match=r"\(24, 48\) x \(48, 16\).*multiple of 16"):
+        got = scaled_gemm(a, inv[0], b, inv[1])
+    assert torch.equal(got, emulated_gemm(a, inv[0], b, inv[1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second call is silent
+        scaled_gemm(a, inv[0], b, inv[1])
 
 
 def test_te_policy_refuses_an_accumulation_te_cannot_express() -> None:

@@ -5,7 +5,9 @@ Where the GEMMs run (``scaled_gemm``):
     CUDA sm_89+   ``torch._scaled_mm`` (FP8 tensor cores; the second operand made column-major).
                   A GEMM with a dimension that is not a multiple of 16 (``_scaled_mm``'s rule,
                   stricter than the one ``FP8Linear`` checks, TE's: see ``fp8.linear``) runs on
-                  the emulation path instead.
+                  the emulation path instead, with a RuntimeWarning once per pair of shapes.
+                  Row-wise scales (an ``(M, 1)`` and a ``(1, N)`` scale inverse) use
+                  ``_scaled_mm``'s row-wise mode, which returns BF16; the result is then cast.
     CUDA < sm_89  a RuntimeError, unless emulation was asked for (``emulate=True`` on the
                   module, the ``autocast`` or the ``fp8`` policy): never a silent fallback.
     CPU           always the emulation. A CPU has no FP8 units, and ``torch._scaled_mm``'s CPU
@@ -35,6 +37,8 @@ Accumulation (``use_fast_accum``, from the recipe's ``MMParams``: fast = not spl
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 __all__ = ["emulated_gemm", "scaled_gemm"]
@@ -52,20 +56,39 @@ def scaled_gemm(
 ) -> torch.Tensor:
     """``(a * a_inv) @ (b * b_inv) + bias`` for FP8 ``a`` (M, K), ``b`` (K, N), in ``out_dtype``.
 
-    ``a_inv``/``b_inv`` are the scale inverses (0-d float32). On CUDA: ``torch._scaled_mm``
+    ``a_inv``/``b_inv`` are the scale inverses: 0-d float32, or row-wise ``(M, 1)`` and
+    ``(1, N)`` (the emulation broadcasts them the same way). On CUDA: ``torch._scaled_mm``
     (with ``use_fast_accum``) unless ``emulate`` or a dimension is not a multiple of 16;
     elsewhere the emulation (module docstring), whose speed is that of a float32 matmul on the
     device at hand and which ignores ``use_fast_accum`` (it always sums in float32).
     """
-    if emulate or not _on_fp8_units(a, b):
+    if emulate or not _is_cuda(a):
+        return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
+    if any(d % 16 for d in (*a.shape, b.shape[1])):  # _scaled_mm's rule on CUDA
+        _warn_emulated_shape(tuple(a.shape), tuple(b.shape))
         return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
     return _scaled_mm_gemm(a, a_inv, b, b_inv, bias, out_dtype, use_fast_accum)
 
 
-def _on_fp8_units(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``torch._scaled_mm`` takes this GEMM: CUDA tensors (a CPU has no FP8 units) whose
-    dimensions are multiples of 16 (``_scaled_mm``'s rule on CUDA)."""
-    return a.is_cuda and not any(d % 16 for d in (*a.shape, b.shape[1]))
+def _is_cuda(t: torch.Tensor) -> bool:
+    return t.is_cuda
+
+
+_WARNED: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+
+
+def _warn_emulated_shape(a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    """Warn once per pair of shapes that an FP8 GEMM on a GPU runs emulated (no FP8 speed)."""
+    if (a, b) in _WARNED:
+        return
+    _WARNED.add((a, b))
+    warnings.warn(
+        f"FP8 GEMM {a} x {b} on a GPU runs through the FP32 emulation, without FP8 speed: "
+        "torch._scaled_mm needs every dimension to be a multiple of 16. Choose such sizes "
+        "(widths, and batch x sequence) to run it on the FP8 tensor cores.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _scaled_mm_gemm(
@@ -78,16 +101,19 @@ def _scaled_mm_gemm(
     use_fast_accum: bool,
 ) -> torch.Tensor:
     """The one call of ``torch._scaled_mm`` (CUDA only; the second operand made column-major)."""
-    fused = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
+    rowwise = a_inv.numel() > 1 or b_inv.numel() > 1
+    # torch._scaled_mm's row-wise mode returns BF16 only (torchao asks for BF16 there too)
+    mm_dtype = torch.bfloat16 if rowwise else out_dtype
+    fused = bias is not None and mm_dtype in (torch.bfloat16, torch.float16)
     out = torch._scaled_mm(
         a.contiguous(),
         b.t().contiguous().t(),
         scale_a=a_inv,
         scale_b=b_inv,
         bias=bias if fused else None,
-        out_dtype=out_dtype,
+        out_dtype=mm_dtype,
         use_fast_accum=use_fast_accum,
-    )
+    ).to(out_dtype)
     return out + bias if bias is not None and not fused else out
 
 
