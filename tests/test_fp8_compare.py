@@ -74,3 +74,18 @@ def test_recipe_runs_start_from_the_same_weights_and_batches() -> None:
     first = [c[0] for c in curves.values()]  # same weights and batch: the first losses agree
     assert max(first) - min(first) < 0.05
     assert max(first) - min(first) > 0  # but each ran its own precision
+
+
+def test_compare_quantizes_as_training_does() -> None:
+    """Gradients under HYBRID recipes are E5M2; the E4M3 control and the tiled recipes use E4M3;
+    NVFP4's gradients are rounded stochastically (seeded)."""
+    torch.manual_seed(0)
+    tensors = {"fc": {"grad_output": torch.randn(64, 128)}}
+    rows = compare_recipes(tensors, recipes=("current", "current-e4m3", "block", "nvfp4"))
+    by = {r["recipe"]: r for r in rows}
+    # E4M3 keeps one more mantissa bit than E5M2: about 6 dB
+    assert by["current-e4m3"]["snr_db"] - by["current"]["snr_db"] > 4.5
+    assert abs(by["current-e4m3"]["snr_db"] - by["block"]["snr_db"]) < 1.0  # a narrow tensor
+    again = compare_recipes(tensors, recipes=("nvfp4",), seed=0)[0]
+    other = compare_recipes(tensors, recipes=("nvfp4",), seed=1)[0]
+    assert again["rel_rmse"] == by["nvfp4"]["rel_rmse"] != other["rel_rmse"]

@@ -26,6 +26,7 @@ from tutorial_lib.fp8 import (
     NVFP4BlockScaling,
     autocast,
     checkpoint,
+    get_quantizer,
     make_recipe,
     recipe_name,
 )
@@ -52,22 +53,47 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+# Each copy's quantizer, written out from TE's recipes (not read from ours): (row-wise copy,
+# column-wise copy) options per role. Block: 1x128 tiles for x and dy, 128x128 for w, along
+# each copy's rows. NVFP4 (TE's NVFP4BlockScaling defaults): 16x16 weight blocks; the Hadamard
+# transform on the column-wise x and dy (the wgrad operands); stochastic rounding of dy.
+TE_COPIES: dict[str, dict[str, tuple[dict[str, object], dict[str, object]]]] = {
+    "current": {r: ({}, {}) for r in ("input", "weight", "grad_output")},
+    "rowwise": {r: ({}, {}) for r in ("input", "weight", "grad_output")},
+    "mxfp8": {r: ({}, {}) for r in ("input", "weight", "grad_output")},
+    "block": {
+        "input": ({"block_scaling_dim": 1}, {"block_scaling_dim": 1}),
+        "weight": ({"block_scaling_dim": 2}, {"block_scaling_dim": 2}),
+        "grad_output": ({"block_scaling_dim": 1}, {"block_scaling_dim": 1}),
+    },
+    "nvfp4": {
+        "input": ({"block_2d": False}, {"block_2d": False, "rht": True}),
+        "weight": ({"block_2d": True}, {"block_2d": True}),
+        "grad_output": (
+            {"block_2d": False, "stochastic_rounding": True},
+            {"block_2d": False, "rht": True, "stochastic_rounding": True},
+        ),
+    },
+}
+
+
 def _reference(
-    recipe: object, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, seed: int
+    name: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """y, dx, dw from the recipe's quantizers and ``dequantize()``, multiplied in float64."""
-    q = recipe.quantizer  # type: ignore[attr-defined]
-    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    """y, dx, dw from ``get_quantizer`` with TE's per-copy options and ``dequantize()``,
+    multiplied in float64: dgrad = Q(dy) Q_col(w), wgrad = Q_col(dy)^T Q_col(x)."""
     gen = torch.Generator().manual_seed(seed)
-    deq = [
-        q("input").quantize(x2),
-        q("weight").quantize(w),
-        q("grad_output", False, gen).quantize(g2),
-        q("weight", True).quantize(w.t()),
-        q("grad_output", True, gen).quantize(g2.t()),
-        q("input", True).quantize(x2.t()),
-    ]
-    xq, wq, gq, wcol, gcol, xcol = (t.dequantize(torch.float64) for t in deq)
+
+    def q(role: str, col: bool, t: torch.Tensor) -> torch.Tensor:
+        options = dict(TE_COPIES[name][role][col])
+        if options.get("stochastic_rounding"):
+            options["generator"] = gen
+        return get_quantizer(name, role, **options).quantize(t).dequantize(torch.float64)
+
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    xq, wq = q("input", False, x2), q("weight", False, w)
+    gq, wcol = q("grad_output", False, g2), q("weight", True, w.t())
+    gcol, xcol = q("grad_output", True, g2.t()), q("input", True, x2.t())
     y = xq @ wq.T + b.double()
     return y.reshape(*x.shape[:-1], -1), (gq @ wcol.T).reshape(x.shape), gcol @ xcol.T
 
@@ -87,7 +113,7 @@ def test_fp8linear_gemms_match_the_quantizer_reference(name: str) -> None:
     with autocast(recipe=recipe):
         y = layer(x)
     y.backward(g)
-    y_ref, dx_ref, dw_ref = _reference(recipe, x.detach(), layer.weight, layer.bias, g, seed or 0)
+    y_ref, dx_ref, dw_ref = _reference(name, x.detach(), layer.weight, layer.bias, g, seed or 0)
     assert _rel(y, y_ref) < GEMM_RTOL
     assert _rel(x.grad, dx_ref) < GEMM_RTOL
     assert _rel(layer.weight.grad, dw_ref) < GEMM_RTOL
@@ -162,6 +188,22 @@ def test_recipes_by_our_names_and_te_names() -> None:
             pass
 
 
+def test_recipes_refuse_what_te_refuses() -> None:
+    from tutorial_lib.fp8 import Format, MMParams
+
+    with pytest.raises(ValueError, match="both 2"):
+        Float8BlockScaling(x_block_scaling_dim=2)  # with w's default 2: a 2-D x 2-D GEMM
+    with pytest.raises(ValueError, match="use 1 .1x128. or 2"):
+        Float8BlockScaling(grad_block_scaling_dim=3)
+    with pytest.raises(ValueError, match="split accumulation"):
+        Float8BlockScaling(fp8_gemm_fprop=MMParams(use_split_accumulator=False))
+    for cls in (Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling):
+        with pytest.raises(ValueError, match="pure E5M2"):
+            cls(fp8_format=Format.E5M2)
+    with pytest.raises(ValueError, match="amax_epsilon"):
+        Float8CurrentScaling(amax_epsilon=-1.0)
+
+
 def _fake_gpu(monkeypatch: pytest.MonkeyPatch, cc: tuple[int, int], name: str) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: cc)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
@@ -174,7 +216,8 @@ def test_each_recipe_runs_natively_only_where_the_gpu_has_it(
 ) -> None:
     policy = get_policy(RECIPE_PRECISIONS[name])
     policy.validate("cpu")  # a CPU always emulates
-    for cc, gpu in [((8, 0), "Fake A100"), ((8, 9), "Fake L40S"), ((9, 0), "Fake H100")]:
+    gpus = [((8, 0), "Fake A100"), ((8, 9), "Fake L40S"), ((9, 0), "Fake H100")]
+    for cc, gpu in [*gpus, ((10, 0), "Fake B200")]:
         _fake_gpu(monkeypatch, cc, gpu)
         native = NATIVE[name]
         if native.ours and cc >= native.min_cc:
@@ -182,8 +225,12 @@ def test_each_recipe_runs_natively_only_where_the_gpu_has_it(
             continue
         with pytest.raises(RuntimeError, match=rf"sm_{cc[0]}{cc[1]}.*emulate=True") as err:
             policy.validate("cuda")
-        if name != "delayed":
-            assert native.gpus in str(err.value)
+        if name == "delayed":
+            continue
+        if cc >= native.min_cc:  # the math is there, our kernel is not: point to TE
+            assert "has the math" in str(err.value) and "te-fp8" in str(err.value)
+        else:
+            assert native.gpus in str(err.value) and "has the math" not in str(err.value)
     from tutorial_lib.fp8 import make_fp8_policy
 
     make_fp8_policy(name, emulate=True).validate("cuda")  # opted in to the emulation
@@ -264,3 +311,41 @@ def test_runnable_precision_emulates_only_where_the_gpu_lacks_the_recipe(
     name = runnable_fp8_precision("nvfp4", "cuda")
     assert name == "nvfp4-emulated"
     get_policy(name).validate("cuda")  # the emulating twin passes the device check
+
+
+def test_sr_state_loads_before_the_layer_runs_and_across_device_types() -> None:
+    """The saved stochastic-rounding state waits for the layer's next draw (so a checkpoint can
+    load on the CPU before the model moves); a state for another device type reseeds with a
+    warning instead of failing the load."""
+    torch.manual_seed(0)
+    x, g = torch.randn(16, 32, requires_grad=True), torch.randn(16, 16)
+    src = FP8Linear(32, 16)
+    src.sr_generator("cpu").manual_seed(11)
+    state = src.state_dict()  # includes the generator state
+    assert state[SR_STATE_KEY].dtype == torch.uint8
+
+    def wgrad(layer: FP8Linear) -> torch.Tensor:
+        with autocast(recipe=NVFP4BlockScaling()):
+            layer(x).backward(g)
+        out = layer.weight.grad.clone()
+        layer.weight.grad = None
+        return out
+
+    dst = FP8Linear(32, 16)
+    dst.load_state_dict(state)
+    assert torch.equal(dst.state_dict()[SR_STATE_KEY], state[SR_STATE_KEY])  # kept, unused
+    assert torch.equal(wgrad(dst), wgrad(src))  # same weights, same noise
+    foreign = dict(state)
+    foreign[SR_STATE_KEY] = torch.arange(16, dtype=torch.uint8)  # a CUDA generator's 16 bytes
+    other = FP8Linear(32, 16)
+    other.load_state_dict(foreign)  # loading never fails on it
+    with pytest.warns(RuntimeWarning, match="another device type"):
+        wgrad(other)
+
+
+def test_no_grad_forward_skips_the_backward_copies() -> None:
+    """Under no_grad nothing runs backward: no column-wise copies, and NVFP4's 16-token rule
+    (for the wgrad GEMM's Hadamard transform) does not apply."""
+    layer = FP8Linear(32, 16)
+    with torch.no_grad(), autocast(recipe=NVFP4BlockScaling()):
+        assert layer(torch.randn(3, 8, 32)).shape == (3, 8, 16)  # 24 tokens: fine here

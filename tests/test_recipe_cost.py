@@ -6,6 +6,7 @@ divide the sides: x has 9600 elements, w 1920, dy 8000.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import matplotlib
@@ -93,25 +94,54 @@ def test_odd_sides_round_up() -> None:
 
 
 def test_memory_saved_for_backward_by_hand() -> None:
-    """x's and w's column-wise copies and their scales, against BF16's 2 bytes per element."""
+    """(activation, weight_copy): BF16 saves x (2 bytes each) and reuses the weight parameter;
+    the recipes save x^T (48 x 200) and w^T (48 x 40), column-wise copies with their scales."""
     expected = {
-        "bf16": 2 * (9600 + 1920),
-        "delayed": 9604 + 1924,
-        "current": 9604 + 1924,
-        "block": 9600 + 384 + 1920 + 4,
-        "mxfp8": 9600 + 336 + 1920 + 96,
-        "nvfp4": 4800 + 628 + 960 + 148,
-        "rowwise": 9600 + 192 + 1920 + 192,
+        "bf16": (2 * 9600, 0),
+        "delayed": (9600 + 4, 1920 + 4),  # one fp32 scale_inv per tensor
+        "current": (9600 + 4, 1920 + 4),
+        "block": (9600 + 4 * 48 * 2, 1920 + 4 * 1 * 1),  # x 1x128 tiles, w one 128x128 tile
+        "mxfp8": (9600 + 48 * 7, 1920 + 48 * 2),  # ceil(200/32) = 7, ceil(40/32) = 2
+        "nvfp4": (48 * 100 + 48 * 13 + 4, 48 * 20 + 48 * 3 + 4),  # ceil(200/16), ceil(40/16)
+        "rowwise": (9600 + 4 * 48, 1920 + 4 * 48),  # one fp32 scale per row of x^T, w^T
     }
-    assert {r: recipe_memory_bytes(r, M, K, N) for r in COST_RECIPES} == expected
+    memory = {r: recipe_memory_bytes(r, M, K, N) for r in COST_RECIPES}
+    assert {r: (m.activation, m.weight_copy) for r, m in memory.items()} == expected
+    for recipe, m in memory.items():
+        assert m.recipe == recipe and m.total == sum(expected[recipe])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        memory["bf16"].activation = 0  # type: ignore[misc]
 
 
-def test_payload_nvfp4_below_fp8_below_bf16() -> None:
+FP8 = ("delayed", "current", "block", "mxfp8", "rowwise")
+
+
+def test_weight_copy_dominates_for_a_wide_layer() -> None:
+    """tokens 16384, 8192 -> 32768: BF16 saves x (256 MiB); an FP8 recipe saves x^T (128 MiB)
+    and w^T (256 MiB), more in all. NVFP4 (9/16 byte each) stays below: 216 MiB."""
+    memory = {r: recipe_memory_bytes(r, 16384, 8192, 32768) for r in COST_RECIPES}
+    assert memory["bf16"].total == 2 * 16384 * 8192 == 256 * 2**20
+    for recipe in FP8:
+        m = memory[recipe]
+        assert m.total > memory["bf16"].total, recipe
+        assert m.weight_copy > m.activation >= 16384 * 8192, recipe
+    assert memory["delayed"].total == 384 * 2**20 + 8
+    assert memory["nvfp4"].total == 216 * 2**20 + 8 < memory["bf16"].total
+
+
+def test_activations_dominate_for_many_tokens() -> None:
+    """tokens 262144, 4096 x 4096: the weight copy (16 MiB) is small next to x, so every
+    recipe saves less than BF16's 2048 MiB (delayed 1040 MiB, about half)."""
+    memory = {r: recipe_memory_bytes(r, 262144, 4096, 4096) for r in COST_RECIPES}
+    for recipe in RECIPES:
+        assert memory[recipe].total < memory["bf16"].total, recipe
+    assert memory["delayed"].total == 1040 * 2**20 + 8
+
+
+def test_payload_nvfp4_below_fp8() -> None:
     for tokens, width in ((M, K), (16384, 8192), (37, 129)):
-        memory = {r: recipe_memory_bytes(r, tokens, width, width) for r in COST_RECIPES}
-        assert (
-            memory["nvfp4"] < min(memory[r] for r in ("delayed", "block", "mxfp8")) < memory["bf16"]
-        )
+        memory = {r: recipe_memory_bytes(r, tokens, width, width).total for r in RECIPES}
+        assert memory["nvfp4"] < min(memory[r] for r in ("delayed", "block", "mxfp8"))
         x = {r: quantized_tensors(r, tokens, width, width)[0].rowwise.payload for r in RECIPES}
         assert x["nvfp4"] < x["delayed"] == x["mxfp8"] == x["block"] < 2 * tokens * width
 
@@ -194,6 +224,10 @@ def test_table_has_every_recipe_on_every_device() -> None:
         if row["recipe"] == "bf16":
             assert row["speedup"] == pytest.approx(1.0)
         assert (row["total_ms"] is None) == (row["speedup"] is None)
+        memory = recipe_memory_bytes(row["recipe"], M, K, K)
+        assert row["activation_MB"] == memory.activation / 1e6
+        assert row["weight_copy_MB"] == memory.weight_copy / 1e6
+        assert row["saved_MB"] == pytest.approx(row["activation_MB"] + row["weight_copy_MB"])
     na = {(r["device"], r["recipe"]) for r in rows if r["total_ms"] is None}
     assert na == {(d, r) for d in ("H100 SXM", "H200") for r in ("mxfp8", "nvfp4")}
 

@@ -78,6 +78,7 @@ __all__ = [
     "COMPUTE_CAPABILITY",
     "COST_RECIPES",
     "CopyBytes",
+    "LayerMemory",
     "TensorBytes",
     "RecipeCost",
     "quantized_tensors",
@@ -286,24 +287,50 @@ def recipe_layer_cost(
     )
 
 
-def recipe_memory_bytes(recipe: str, tokens: int, in_features: int, out_features: int) -> int:
-    """Bytes the layer keeps for its backward pass: the copies TE saves, with their scales.
+@dataclass(frozen=True)
+class LayerMemory:
+    """Bytes a Linear layer saves for backward beyond its weight (``recipe_memory_bytes``)."""
 
-    FP8/FP4 recipes: x's column-wise copy (the wgrad operand) and w's column-wise copy (the
-    dgrad operand), payload plus scales as in the module doc; a per-tensor recipe's copy
-    counts its one 4-byte scale_inv. The size is the same on every GPU (on sm_100 the
-    row-wise copy that serves as column-wise copy has the same size).
-    ``"bf16"``: 2·(M·K + N·K), x and w in BF16 (w is the parameter itself, counted so that
-    the comparison is like for like; the quantized weight copy is memory *on top* of it).
+    recipe: str
+    activation: int  # x as saved for the wgrad GEMM: BF16, or its column-wise copy + scales
+    weight_copy: int  # the quantized weight copy the dgrad GEMM reads, + scales (0 for BF16)
+
+    @property
+    def total(self) -> int:
+        return self.activation + self.weight_copy
+
+
+def recipe_memory_bytes(
+    recipe: str, tokens: int, in_features: int, out_features: int
+) -> LayerMemory:
+    """What the layer saves for its backward pass (TE, ``fp8.recipe_linear``), as a
+    ``LayerMemory``: ``activation`` (x, M x K) + ``weight_copy`` (w, N x K) = ``total``.
+
+    ``"bf16"`` saves x (2 bytes per element) and runs dgrad on the weight parameter itself.
+    The FP8/FP4 recipes save x's column-wise copy x^T (K x M, the wgrad operand) *and* w's
+    column-wise copy w^T (K x N, the dgrad operand), each payload + scales by the module doc's
+    rules, so the weight copy is memory on top of the master weight. Bytes:
+
+        recipe   activation                    weight_copy
+        bf16     2·M·K                         0
+        delayed  M·K + 4                       N·K + 4          (per-tensor fp32 scale_inv)
+        current  M·K + 4                       N·K + 4
+        block    M·K + 4·K·⌈M/128⌉             N·K + 4·⌈K/128⌉·⌈N/128⌉
+        mxfp8    M·K + K·⌈M/32⌉                N·K + K·⌈N/32⌉
+        nvfp4    K·⌈M/2⌉ + K·⌈M/16⌉ + 4        K·⌈N/2⌉ + K·⌈N/16⌉ + 4
+        rowwise  M·K + 4·K                     N·K + 4·K
+
+    Against BF16's 2·M·K, FP8 (about 1 byte per element) saves less only while N·K + scales <
+    M·K, roughly out_features < tokens; NVFP4 (9/16 byte) while N < 23/9·M. For few tokens and
+    a wide layer the weight copy dominates. Sizes are the same on every GPU (module doc).
     """
+    m, k, n = _sizes(tokens, in_features, out_features)
     if recipe == "bf16":
-        m, k, n = _sizes(tokens, in_features, out_features)
-        return 2 * (m * k + n * k)
-    x, w, _ = quantized_tensors(recipe, tokens, in_features, out_features)
-    return sum(
-        t.backward.payload + (t.backward.scales or t.rowwise.scales)  # shared per-tensor scale
-        for t in (x, w)
-    )
+        return LayerMemory(recipe, 2 * m * k, 0)
+    x, w, _ = quantized_tensors(recipe, m, k, n)
+    # delayed/current: the column-wise copy shares the row-wise copy's one scale_inv
+    x_col, w_col = ((t.backward.payload + (t.backward.scales or t.rowwise.scales)) for t in (x, w))
+    return LayerMemory(recipe, x_col, w_col)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -320,7 +347,8 @@ def recipe_cost_table(
 
     Keys: device, recipe, native, math, tokens, in_features, out_features, gemm_ms, cast_ms,
     total_ms (None where not native), speedup (BF16's total_s on the same device over the
-    recipe's), cast_MB, scale_MB, saved_MB (``recipe_memory_bytes``; MB = 1e6 bytes), note.
+    recipe's), cast_MB, scale_MB, activation_MB, weight_copy_MB and saved_MB (their sum):
+    ``recipe_memory_bytes`` (MB = 1e6 bytes), note.
     """
     rows = []
     for item in specs:
@@ -329,6 +357,7 @@ def recipe_cost_table(
         for recipe in recipes:
             cost = recipe_layer_cost(spec, recipe, tokens, width, width)
             speedup = None if cost.total_s is None or base is None else base / cost.total_s
+            memory = recipe_memory_bytes(recipe, tokens, width, width)
             rows.append(
                 {
                     "device": spec.name,
@@ -344,7 +373,9 @@ def recipe_cost_table(
                     "speedup": speedup,
                     "cast_MB": cost.cast_bytes / 1e6,
                     "scale_MB": cost.scale_bytes / 1e6,
-                    "saved_MB": recipe_memory_bytes(recipe, tokens, width, width) / 1e6,
+                    "activation_MB": memory.activation / 1e6,
+                    "weight_copy_MB": memory.weight_copy / 1e6,
+                    "saved_MB": memory.total / 1e6,
                     "note": cost.note,
                 }
             )

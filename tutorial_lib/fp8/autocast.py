@@ -1,7 +1,8 @@
 """``autocast``: the FP8 region, named and behaving like Transformer Engine's ``te.pytorch.autocast``.
 
-Inside ``autocast(enabled=True)`` every ``FP8Linear`` runs its GEMMs in FP8 with delayed scaling.
-When the scaling state changes (TE 2.x, ``transformer_engine/pytorch/quantization.py``,
+Inside ``autocast(enabled=True)`` every ``FP8Linear`` runs its GEMMs in FP8 with the region's recipe:
+delayed scaling (the default), or a stateless recipe of ``fp8.recipes``, which has no state to
+update. Under delayed scaling, when the scaling state changes (TE 2.x, ``transformer_engine/pytorch/quantization.py``,
 ``FP8GlobalStateManager.autocast_exit``; ``module/linear.py``, ``_Linear.backward``):
     forward state (input, weight, output): when the OUTERMOST region exits, if that region was
         enabled and grad is enabled at exit (``torch.is_grad_enabled()``). So evaluation under

@@ -21,16 +21,23 @@ import torch
 
 from .quantizers import QuantizedTensor, get_quantizer
 from .quantizers.base import as_matrix, expand_tiles, tensor_amax, tile_grid
+from .recipes import make_recipe
 from .scaling import Format
 
 __all__ = [
     "COMPARED_RECIPES",
+    "VARIANTS",
     "quant_error",
     "quantized_bytes",
     "compare_recipes",
 ]
 
 COMPARED_RECIPES = ("delayed", "current", "rowwise", "block", "mxfp8", "nvfp4")
+# Controls that change one setting of a recipe: current scaling with E4M3 gradients separates
+# the effect of the gradient format (HYBRID's E5M2) from that of the scale granularity.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "current-e4m3": ("current", {"fp8_format": Format.E4M3}),
+}
 _FORMAT_MAX = {"E4M3": 448.0, "E5M2": 57344.0, "E2M1": 6.0}
 _FORMAT_BITS = {"E4M3": 8, "E5M2": 8, "E2M1": 4}
 
@@ -83,22 +90,32 @@ def quantized_bytes(q: QuantizedTensor) -> dict[str, int]:
     return {"payload": payload, "scales": scales, "total": payload + scales}
 
 
-def _quantizer(recipe: str, role: str, delayed_amax: torch.Tensor | None) -> Any:
-    if recipe != "delayed":
-        return get_quantizer(recipe, role)
-    fmt = Format.HYBRID.bwd if role == "grad_output" else Format.HYBRID.fwd
-    amax = float(delayed_amax) if delayed_amax is not None else 0.0
-    scale = fmt.max / amax if amax > 0 and math.isfinite(amax) else 1.0
-    return get_quantizer("delayed", role, scale=scale)
+def _quantizer(
+    recipe: str, role: str, delayed_amax: torch.Tensor | None, generator: torch.Generator
+) -> Any:
+    """The row-wise quantizer ``role`` gets in training under ``recipe`` (a name, or a label of
+    ``VARIANTS``); delayed scaling with the scale from ``delayed_amax``."""
+    if recipe == "delayed":
+        fmt = Format.HYBRID.bwd if role == "grad_output" else Format.HYBRID.fwd
+        amax = float(delayed_amax) if delayed_amax is not None else 0.0
+        scale = fmt.max / amax if amax > 0 and math.isfinite(amax) else 1.0
+        return get_quantizer("delayed", role, scale=scale)
+    name, options = VARIANTS.get(recipe, (recipe, {}))
+    return make_recipe(name, **options).quantizer(role, False, generator)
 
 
 def compare_recipes(
     tensors: Mapping[str, Mapping[str, torch.Tensor]],
     recipes: Sequence[str] = COMPARED_RECIPES,
     previous: Sequence[Mapping[str, Mapping[str, torch.Tensor]]] = (),
+    seed: int = 0,
 ) -> list[dict[str, Any]]:
     """One row per (layer, role, recipe) of ``tensors`` (``fp8.capture_gemm_tensors``' result):
     layer, role, recipe, the ``quant_error`` fields and the bytes per element stored.
+    Each tensor is quantized as training quantizes it for the forward GEMM (or, for gradients,
+    the dgrad GEMM): the recipe's row-wise quantizer, with its defaults (HYBRID: E5M2 gradients
+    for delayed and current scaling; E4M3 for the others; NVFP4's gradients rounded
+    stochastically, from a generator seeded with ``seed``). ``recipes`` may name ``VARIANTS``.
     ``previous``: earlier captures of the same layers; delayed scaling uses the largest amax
     among them (TE's ``"max"`` over its history), else this tensor's own."""
     rows: list[dict[str, Any]] = []
@@ -107,7 +124,8 @@ def compare_recipes(
             history = [tensor_amax(p[layer][role]) for p in previous if layer in p]
             delayed_amax = torch.stack(history).max() if history else tensor_amax(x)
             for recipe in recipes:
-                q = _quantizer(recipe, role, delayed_amax).quantize(x)
+                gen = torch.Generator().manual_seed(seed)  # NVFP4's stochastic rounding
+                q = _quantizer(recipe, role, delayed_amax, gen).quantize(x)
                 size = quantized_bytes(q)
                 rows.append(
                     {

@@ -34,6 +34,8 @@ so it is in ``state_dict()`` and checkpoints; ``fp8_state`` is an ``FP8ModuleSta
 from __future__ import annotations
 
 import math
+import warnings
+import zlib
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -160,7 +162,8 @@ class FP8Linear(nn.Linear):
             runs in (truncated or zero-padded, as TE's ``adjust_amax_history_length``).
         emulate: True allows the FP32 emulation path on CUDA GPUs without FP8 tensor cores
             (a CPU always emulates); None defers to ``autocast(emulate=...)``.
-        collect_stats: record ``fp8_stats()`` at every quantize (costs a few passes per tensor).
+        collect_stats: record ``fp8_stats()`` at every quantize (costs a few passes per tensor);
+            delayed scaling only (``fp8.compare`` measures the other recipes).
     Shapes (TE's rule, ``FP8_SHAPE_RULE``): in FP8, the input (..., in_features) and the weight
         (out_features, in_features) each need the product of their leading dimensions divisible
         by 8 and their last dimension by 16: in_features a multiple of 16, out_features and the
@@ -195,6 +198,7 @@ class FP8Linear(nn.Linear):
         self.fp8_name: str | None = None
         self._last_stats: dict[str, QuantStats] = {}
         self._sr_generator: torch.Generator | None = None
+        self._sr_pending: torch.Tensor | None = None  # a loaded state, set on first use
         self._ran_fp8 = False  # a forward in FP8 happened (recompute checks need it)
         self._init_fp8_buffers(amax_history_len, device)
 
@@ -305,7 +309,7 @@ class FP8Linear(nn.Linear):
         self._check_fp8_shapes(x)
         tokens = math.prod(x.shape[:-1])
         problem = recipe.shape_problem(tokens, self.in_features, self.out_features)
-        if problem:
+        if problem and torch.is_grad_enabled() and self.weight.requires_grad:  # a wgrad GEMM
             raise ValueError(f"FP8 GEMM shape error in layer {self._layer_name()}: {problem}.")
         check_not_plain_checkpoint(self._layer_name())
         self._ran_fp8 = True
@@ -321,7 +325,9 @@ class FP8Linear(nn.Linear):
     ) -> torch.Tensor:
         gen = self.sr_generator(x.device) if recipe.uses_stochastic_rounding else None
         w, b = self.weight, self.bias
-        return RecipeLinearFunction.apply(x, w, b, recipe, out_dtype, emulate, gen)
+        params = (x, w) if b is None else (x, w, b)
+        backward = torch.is_grad_enabled() and any(t.requires_grad for t in params)
+        return RecipeLinearFunction.apply(x, w, b, recipe, out_dtype, emulate, gen, backward)
 
     def sr_generator(self, device: torch.device | str) -> torch.Generator:
         """The layer's stochastic-rounding generator on ``device``, created on first use (seeded
@@ -332,10 +338,26 @@ class FP8Linear(nn.Linear):
         if gen is not None and gen.device.type == device.type:
             return gen
         new = torch.Generator(device=device)
-        if gen is None:
+        state = self._sr_pending
+        if state is not None:  # a checkpoint's state: the stream continues
+            self._sr_pending = None
+            try:
+                new.set_state(state)
+            except (RuntimeError, TypeError, ValueError):
+                seed = zlib.crc32(state.numpy().tobytes())
+                new.manual_seed(seed)
+                warnings.warn(
+                    f"{self._layer_name()}: the checkpoint's stochastic-rounding state is for "
+                    f"another device type than {device.type}; the stream restarts from a seed "
+                    "taken from that state (deterministic, but not the uninterrupted stream).",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        elif gen is None:
             new.manual_seed(sr_seed(self._layer_name()))
         else:
-            new.manual_seed(int(torch.randint(1 << 62, (1,), generator=gen)))
+            draw = torch.randint(1 << 62, (1,), generator=gen, device=gen.device)
+            new.manual_seed(int(draw))
         self._sr_generator = new
         return new
 
@@ -425,20 +447,24 @@ class FP8Linear(nn.Linear):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self._sr_generator is not None:
             destination[prefix + SR_STATE_KEY] = self._sr_generator.get_state()
+        elif self._sr_pending is not None:  # loaded, not used yet: keep it
+            destination[prefix + SR_STATE_KEY] = self._sr_pending.clone()
 
     def _load_sr_state(self, state_dict: Any, prefix: str, error_msgs: list[str]) -> None:
+        """A saved stochastic-rounding state waits for the layer's next draw: it is set on a
+        generator of the device the layer then runs on (``sr_generator``), so a checkpoint
+        loads on the CPU before the model moves to its GPU."""
         state = state_dict.get(prefix + SR_STATE_KEY)
         if state is None:
             return
-        gen = self.sr_generator(self.weight.device)
-        try:
-            gen.set_state(state.to("cpu", torch.uint8))
-        except (RuntimeError, TypeError) as exc:
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1:
             error_msgs.append(
-                f"{prefix}{SR_STATE_KEY}: the checkpoint's stochastic-rounding generator state "
-                f"does not fit this layer's {gen.device.type} generator ({exc}). Load it on the "
-                "device type it was saved from, then move the model."
+                f"{prefix}{SR_STATE_KEY}: a generator state is a 1-D uint8 tensor, got "
+                f"{type(state).__name__} {getattr(state, 'dtype', '')}."
             )
+            return
+        self._sr_pending = state.detach().to("cpu").clone()
+        self._sr_generator = None
 
     def _load_from_state_dict(
         self,

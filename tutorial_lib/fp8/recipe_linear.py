@@ -59,9 +59,11 @@ def quantized_matmul(
     out_dtype: torch.dtype,
     emulate: bool,
     use_fast_accum: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``a @ b^T`` for operands quantized along their last (reduced) dimension (module
-    docstring for the arithmetic); ``(M, K) x (N, K) -> (M, N)`` in ``out_dtype``."""
+    """``a @ b^T (+ bias)`` for operands quantized along their last (reduced) dimension (module
+    docstring for the arithmetic); ``(M, K) x (N, K) -> (M, N)`` in ``out_dtype``, the bias added
+    in float32 before the one rounding to ``out_dtype``, as the delayed-scaling path does."""
     if a.rht != b.rht:
         raise ValueError("quantized_matmul: both operands or neither must be RHT-encoded.")
     if a.recipe in _PER_ROW and b.recipe in _PER_ROW:
@@ -69,13 +71,13 @@ def quantized_matmul(
         b_inv = b.scale_inv if b.scale_inv.numel() == 1 else b.scale_inv.reshape(1, -1)
         a_data, b_data = as_matrix(a.data), as_matrix(b.data)
         return scaled_gemm(
-            a_data, a_inv, b_data.t(), b_inv, None, out_dtype, emulate, use_fast_accum
+            a_data, a_inv, b_data.t(), b_inv, bias, out_dtype, emulate, use_fast_accum
         )
     with torch.autocast(a.data.device.type, enabled=False):
         out = scaled_values(a) @ scaled_values(b).t()
         if a.tensor_scale_inv is not None and b.tensor_scale_inv is not None:
             out = out * (a.tensor_scale_inv * b.tensor_scale_inv)
-        return out.to(out_dtype)
+        return (out if bias is None else out + bias.float()).to(out_dtype)
 
 
 class RecipeLinearFunction(torch.autograd.Function):
@@ -91,16 +93,16 @@ class RecipeLinearFunction(torch.autograd.Function):
         out_dtype: torch.dtype,
         emulate: bool,
         generator: torch.Generator | None,
+        backward: bool,
     ) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, x.shape[-1])
             x_q = recipe.quantizer("input").quantize(x2)
             w_q = recipe.quantizer("weight").quantize(weight)
             fast = recipe.fp8_gemm_fprop.use_fast_accum
-            out = quantized_matmul(x_q, w_q, out_dtype, emulate, fast)
-            if bias is not None:
-                out = (out.float() + bias.float()).to(out_dtype)
-            need_x, need_w = ctx.needs_input_grad[:2]
+            out = quantized_matmul(x_q, w_q, out_dtype, emulate, fast, bias)
+            # the column-wise copies only where a backward GEMM will use them (not under no_grad)
+            need_x, need_w = (backward and n for n in ctx.needs_input_grad[:2])
             ctx.x_col = recipe.quantizer("input", True).quantize(x2.t()) if need_w else None
             ctx.w_col = recipe.quantizer("weight", True).quantize(weight.t()) if need_x else None
         ctx.recipe, ctx.emulate, ctx.generator = recipe, emulate, generator
@@ -128,4 +130,4 @@ class RecipeLinearFunction(torch.autograd.Function):
             if need_b and ctx.b_dtype is not None:
                 bgrad = g.float().sum(0).to(ctx.b_dtype)
         ctx.x_col = ctx.w_col = None
-        return dgrad, wgrad, bgrad, None, None, None, None
+        return dgrad, wgrad, bgrad, None, None, None, None, None

@@ -105,7 +105,8 @@ class Float8CurrentScaling(Recipe):
     fp8_format: ``Format.HYBRID`` (TE's default: E4M3 forward, E5M2 gradients) or E4M3.
     power_2_scale, amax_epsilon: TE's ``QParams`` (defaults False and 0.0).
     Accumulation: TE's defaults, fast in the forward GEMM, split in dgrad and wgrad.
-    No state: nothing to update, nothing in a checkpoint.
+    No scaling state: nothing to update or synchronize (an ``FP8Linear`` keeps its delayed-
+    scaling buffers all the same, unused, so state dicts keep one layout for every recipe).
     """
 
     name: ClassVar[str] = "current"
@@ -114,6 +115,11 @@ class Float8CurrentScaling(Recipe):
     power_2_scale: bool = False
     amax_epsilon: float = 0.0
     fp8_gemm_fprop: MMParams = _FAST
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_format(self)
+        _check_epsilon(self.amax_epsilon)
 
     def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
         return {
@@ -143,6 +149,33 @@ class Float8BlockScaling(Recipe):
     w_block_scaling_dim: int = 2
     grad_block_scaling_dim: int = 1
 
+    def __post_init__(self) -> None:
+        """TE's checks (``Float8BlockScaling.__post_init__``), as ValueErrors."""
+        super().__post_init__()
+        _check_format(self)
+        _check_epsilon(self.amax_epsilon)
+        dims = {
+            "x_block_scaling_dim": self.x_block_scaling_dim,
+            "w_block_scaling_dim": self.w_block_scaling_dim,
+            "grad_block_scaling_dim": self.grad_block_scaling_dim,
+        }
+        bad = [f"{k}={v!r}" for k, v in dims.items() if v not in (1, 2)]
+        if bad:
+            raise ValueError(f"Float8BlockScaling: {', '.join(bad)}; use 1 (1x128) or 2 (128x128).")
+        two_d = [k for k, v in dims.items() if v == 2]
+        if len(two_d) > 1:
+            raise ValueError(
+                f"Float8BlockScaling: {' and '.join(two_d)} are both 2 (128x128), so one GEMM "
+                "would multiply two 2-D-blocked operands, which TE does not support."
+            )
+        gemms = ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad")
+        fast = [g for g in gemms if not getattr(self, g).use_split_accumulator]
+        if fast:
+            raise ValueError(
+                f"Float8BlockScaling needs split accumulation in every GEMM (TE); {fast} ask "
+                "for fast accumulation."
+            )
+
     def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
         dims = {
             "input": self.x_block_scaling_dim,
@@ -169,6 +202,10 @@ class MXFP8BlockScaling(Recipe):
     name: ClassVar[str] = "mxfp8"
     te_name: ClassVar[str] = "MXFP8BlockScaling"
     fp8_format: Format = Format.E4M3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_format(self)
 
     def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
         return {"fp8_format": self.fp8_format}
@@ -228,6 +265,21 @@ class Float8RowwiseScaling(Recipe):
 
     def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
         return {"power_2_scale": self.power_2_scale}
+
+
+def _check_format(recipe: Any) -> None:
+    """``fp8_format`` a ``Format`` other than E5M2 (TE refuses pure E5M2 training)."""
+    fmt = recipe.fp8_format
+    if not isinstance(fmt, Format) or fmt is Format.E5M2:
+        raise ValueError(
+            f"{type(recipe).__name__}.fp8_format must be Format.E4M3 or Format.HYBRID, got "
+            f"{fmt!r} (pure E5M2 training is not supported, as in TE)."
+        )
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if not epsilon >= 0.0:
+        raise ValueError(f"amax_epsilon must be >= 0, got {epsilon!r}.")
 
 
 RECIPES: dict[str, type[Any]] = {
@@ -314,7 +366,9 @@ NATIVE: dict[str, NativeSupport] = {
     "rowwise": NativeSupport(
         (8, 9), "Ada (sm_89), Hopper (sm_90) and later", True, "torch._scaled_mm row-wise scales"
     ),
-    "block": NativeSupport((9, 0), "Hopper (sm_90)", False, "CUDA 12.9+ and TE's blockwise GEMM"),
+    "block": NativeSupport(
+        (9, 0), "Hopper (sm_90) and later", False, "CUDA 12.9+ and TE's blockwise GEMM"
+    ),
     "mxfp8": NativeSupport((10, 0), "Blackwell (sm_100)", False, "TE's MXFP8 GEMM"),
     "nvfp4": NativeSupport((10, 0), "Blackwell (sm_100)", False, "TE's NVFP4 GEMM"),
 }
@@ -334,14 +388,22 @@ def check_recipe_device(
     native = NATIVE[key]
     if native.ours and cc >= native.min_cc:
         return False
-    where = (
-        f"natively it needs {native.gpus}"
-        + (f" and {native.note}" if native.note else "")
-        + ("" if native.ours else ", and this package runs it only as an emulation")
-    )
+    if cc >= native.min_cc:  # the GPU has the math; this package has no kernel for it
+        where = (
+            f"{name} (sm_{cc[0]}{cc[1]}) has the math for it, but this package's FP8Linear "
+            "runs it only as an emulation: its native GEMMs are Transformer Engine's"
+            + (f" ({native.note})" if native.note else "")
+        )
+    else:
+        where = (
+            f"natively it needs {native.gpus}"
+            + (f" and {native.note}" if native.note else "")
+            + ("" if native.ours else ", and this package runs it only as an emulation")
+            + f"; {name} is sm_{cc[0]}{cc[1]}"
+        )
     raise RuntimeError(
-        f"{who}: the {key!r} FP8 recipe cannot run natively here: {where}; {name} is "
-        f"sm_{cc[0]}{cc[1]}. Ask for the emulation (exact FP8/FP4 values, float32 math, no "
+        f"{who}: the {key!r} FP8 recipe cannot run natively here: {where}. Ask for the "
+        "emulation (exact FP8/FP4 values, float32 math, no "
         "speed-up): FP8Linear(..., emulate=True), tutorial_lib.fp8.autocast(emulate=True) or "
         "make_fp8_policy(..., emulate=True)"
         + (

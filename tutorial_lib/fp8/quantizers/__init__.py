@@ -16,8 +16,8 @@ Roles: "input", "weight", "grad_output". Each quantizer is a frozen dataclass wh
 carry TE's defaults (forward format, backward format, tiles, power-of-two scales); keyword
 options of ``get_quantizer`` override them. Modules: ``base`` (``QuantizedTensor``, tiles, TE's
 scale-from-amax rule), ``per_tensor``, ``block``, ``nvfp4`` and ``fp4`` (E2M1 codes, packing,
-the Hadamard matrix). These quantizers are references for reading and testing; the training
-path (``FP8Linear``) still uses delayed scaling.
+the Hadamard matrix). ``FP8Linear`` trains with them through the recipes of ``fp8.recipes``
+(``recipe_linear``); delayed scaling keeps its own path, with the module's scaling state.
 """
 
 from __future__ import annotations
