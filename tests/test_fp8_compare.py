@@ -29,6 +29,17 @@ def test_quant_error_counts_underflow_and_clipping() -> None:
     expected = math.sqrt(1e-24 + 4.0**2 + 552.0**2) / math.sqrt(1e-24 + 1 + 1e4 + 1e6)
     assert stats["rel_rmse"] == pytest.approx(expected, rel=1e-9)
     assert stats["snr_db"] == pytest.approx(-20 * math.log10(expected), rel=1e-9)
+    assert stats["row_snr_db"] == pytest.approx(stats["snr_db"], rel=1e-9)  # one row
+
+
+def test_row_snr_is_the_typical_token_not_the_outliers() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(64, 128)
+    x[::32] *= 1e4  # two outlier tokens dominate the total signal
+    per_tensor = quant_error(x, get_quantizer("current", "input").quantize(x))
+    per_row = quant_error(x, get_quantizer("rowwise", "input").quantize(x))
+    assert abs(per_tensor["snr_db"] - per_row["snr_db"]) < 1  # the outliers' SNR: alike
+    assert per_row["row_snr_db"] - per_tensor["row_snr_db"] > 2  # ordinary tokens: not
     exact = get_quantizer("current", "input").quantize(torch.tensor([[0.0, 448.0]]))
     assert quant_error(torch.tensor([[0.0, 448.0]]), exact)["snr_db"] == math.inf
 

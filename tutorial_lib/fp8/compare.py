@@ -58,7 +58,9 @@ def _tile_limit(q: QuantizedTensor) -> torch.Tensor:
 
 def quant_error(x: torch.Tensor, q: QuantizedTensor) -> dict[str, float]:
     """How well ``q`` represents ``x`` (finite elements only), in float64:
-    rel_rmse: ``||x - deq|| / ||x||``; snr_db: ``10 log10(sum x^2 / sum (x - deq)^2)``;
+    rel_rmse: ``||x - deq|| / ||x||``; snr_db: ``10 log10(sum x^2 / sum (x - deq)^2)``, which
+    the largest values dominate; row_snr_db: the median over rows of each row's SNR, the typical
+    token's (rows without error count as 200 dB);
     underflow: fraction of nonzero elements that came back as zero;
     clipped: fraction of elements larger than their tile can hold (saturated to the max)."""
     if q.rht:
@@ -71,7 +73,13 @@ def quant_error(x: torch.Tensor, q: QuantizedTensor) -> dict[str, float]:
     signal = xf.square().sum()
     nonzero = xf != 0
     limit = _tile_limit(q).to(torch.float64)[finite]
+    diff = torch.where(finite, xm - deq, 0.0)
+    row_signal = torch.where(finite, xm, 0.0).square().sum(1)
+    row_err = diff.square().sum(1)
+    live = row_signal > 0
+    row_snr = 10 * torch.log10(row_signal[live] / row_err[live].clamp(min=row_signal[live] * 1e-20))
     return {
+        "row_snr_db": float(row_snr.median()) if row_snr.numel() else math.inf,
         "rel_rmse": float(err.sqrt() / signal.sqrt()) if signal > 0 else 0.0,
         "snr_db": float(10 * torch.log10(signal / err)) if err > 0 else math.inf,
         "underflow": float((nonzero & (df == 0)).sum() / max(int(nonzero.sum()), 1)),
