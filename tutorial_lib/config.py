@@ -138,6 +138,8 @@ class RunPreset:
         parity_steps, parity_batch_size: a shorter run, since BF16 is slow on CPUs without BF16
             matrix instructions (AVX2 only).
         ladder_steps: steps per rung of chapter 8's ablation ladder (batch parity_batch_size).
+        recipe_steps: steps per run of chapter 6's FP8 recipe comparison (seven runs, BF16 and
+            six recipes; batch parity_batch_size).
     sample_tokens: how many bytes ``generate`` writes in the sampling demos.
     """
 
@@ -159,6 +161,7 @@ class RunPreset:
     parity_steps: int = 100
     parity_batch_size: int = 16
     ladder_steps: int = 100
+    recipe_steps: int = 100
     sample_tokens: int = 200
 
     def model_config(self, **overrides: Unpack[GPTConfigOverrides]) -> GPTConfig:
@@ -196,6 +199,9 @@ PRESETS: dict[str, RunPreset] = {
         parity_steps=30,
         parity_batch_size=4,
         ladder_steps=15,
+        # seven runs; the BF16 one costs most where BF16 has no matrix units (~1 s a step on
+        # the AVX2-only EPYC): 15 steps keep the chapter near a minute there
+        recipe_steps=15,
         sample_tokens=120,
     ),
     # One H100/H200: GPT-2 small's 12 layers x 768 width with a 256-byte vocabulary: about 86M
@@ -224,6 +230,7 @@ PRESETS: dict[str, RunPreset] = {
         parity_steps=100,
         parity_batch_size=16,
         ladder_steps=100,
+        recipe_steps=100,
         sample_tokens=300,
     ),
 }
