@@ -287,7 +287,7 @@ def test_cli_trains_each_recipe_with_a_falling_loss(
 ) -> None:
     out = tmp_path / "run"
     args = ["train", "--precision", precision, "--preset", "ci", "--steps", "10"]
-    args += ["--batch-size", "4", "--out", str(out), "--device", "cpu", "--no-progress"]
+    args += ["--batch-size", "2", "--out", str(out), "--device", "cpu", "--no-progress"]
     assert main(args) == 0, capsys.readouterr().err
     history = load_checkpoint(out / "checkpoint.pt")["history"]
     losses = [row["loss"] for row in history]

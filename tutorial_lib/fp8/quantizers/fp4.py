@@ -46,38 +46,42 @@ def _with_sign(v: torch.Tensor, magnitude_code: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(v), 0, code).to(torch.uint8)
 
 
+def _position(a: torch.Tensor) -> torch.Tensor:
+    """Where a magnitude ``a`` (0..6) lies on the line of E2M1 indices, in float64: the grid
+    points 0, 0.5, ..., 6 map to 0, 1, ..., 7 and each gap between them linearly, so a midpoint
+    maps to ``k + 0.5``. Exact: every step is exact in float64 for a float32 ``a``."""
+    a = a.to(torch.float64)
+    return torch.where(a < 2, 2 * a, torch.where(a < 4, a + 2, a / 2 + 4))
+
+
 def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
     """Round ``v`` (float32, already scaled) to E2M1 codes: nearest, ties to even, saturating.
 
     A tie lies halfway between two neighbours, one of them with mantissa bit 0 (an even
     magnitude index); that one wins, so 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 2.5 -> 2, 5 -> 4.
-    Magnitudes above 6 saturate to 6 (TE's ``satfinite``; inf too).
+    Magnitudes above 6 saturate to 6 (TE's ``satfinite``; inf too). The index is the position
+    (``_position``) rounded half to even, which is exactly that rule.
     """
-    grid = _grid(v.device)
-    a = v.abs().clamp(max=E2M1_MAX).contiguous()
-    mids = (grid[1:] + grid[:-1]) / 2  # the 7 decision points, exact in float32
-    below = torch.bucketize(a, mids, right=False)  # how many midpoints lie strictly below a
-    tie = (below < mids.numel()) & (a == mids[below.clamp(max=mids.numel() - 1)])
-    index = below + (tie & (below % 2 == 1)).to(below.dtype)  # an odd index at a tie goes up
-    return _with_sign(v, index)
+    a = v.abs().clamp(max=E2M1_MAX)
+    return _with_sign(v, torch.round(_position(a)).to(torch.int64))
 
 
 def e2m1_codes_stochastic(v: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Round ``v`` to one of its two E2M1 neighbours at random, unbiased for ``|v| <= 6``.
 
-    The magnitude rounds up with probability ``(|v| - lo) / (hi - lo)``, so the expected code
-    value equals ``v``; values on the grid never move. Magnitudes above 6 saturate to 6 (TE's
-    ``cvt.rs.satfinite``). ``generator`` (a seeded ``torch.Generator`` on ``v``'s device) makes
-    the draw reproducible; None uses torch's global generator.
+    The magnitude rounds up with probability ``(|v| - lo) / (hi - lo)`` (the fractional part
+    of its position, exact), so the expected code value equals ``v``; values on the grid never
+    move. Magnitudes above 6 saturate to 6 (TE's ``cvt.rs.satfinite``). ``generator`` (a seeded
+    ``torch.Generator`` on ``v``'s device) makes the draw reproducible; None uses torch's global
+    generator.
     """
-    grid = _grid(v.device)
     a = v.abs().clamp(max=E2M1_MAX)
-    lo = (torch.bucketize(a, grid, right=True) - 1).clamp(0, grid.numel() - 1)
-    hi = (lo + 1).clamp(max=grid.numel() - 1)
-    gap = grid[hi] - grid[lo]
-    p_up = torch.where(gap > 0, (a - grid[lo]) / torch.where(gap > 0, gap, 1.0), 0.0)
+    position = _position(a)
+    lo = torch.floor(position)
+    p_up = (position - lo).to(torch.float32)
     u = torch.rand(a.shape, generator=generator, device=a.device, dtype=torch.float32)
-    return _with_sign(v, torch.where(u < p_up, hi, lo))
+    index = (lo.to(torch.int64) + (u < p_up).to(torch.int64)).clamp(max=len(E2M1_MAGNITUDES) - 1)
+    return _with_sign(v, index)
 
 
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
