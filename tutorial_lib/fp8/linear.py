@@ -34,8 +34,6 @@ so it is in ``state_dict()`` and checkpoints; ``fp8_state`` is an ``FP8ModuleSta
 from __future__ import annotations
 
 import math
-import warnings
-import zlib
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -48,7 +46,7 @@ from .autocast import FP8AutocastState, _BackwardStep, get_autocast_state, regis
 from .formats import quantize
 from .gemm import scaled_gemm
 from .recipe_linear import RecipeLinearFunction
-from .recipes import Recipe, check_recipe_device, sr_seed
+from .recipes import Recipe, check_recipe_device
 from .recompute import (
     _Call,
     check_not_plain_checkpoint,
@@ -64,6 +62,7 @@ from .scaling import (
     FP8ModuleState,
     ScalingMeta,
 )
+from .sr_state import SR_STATE_KEY, StochasticRoundingState
 from .stats import QuantStats, quant_stats
 
 __all__ = ["FP8Linear", "FP8_MIN_CC", "FP8_SHAPE_RULE", "SR_STATE_KEY", "weight_problems"]
@@ -79,7 +78,6 @@ _BUFFERS = {
     "backward": ("fp8_amax_history_bwd", "fp8_scale_bwd", "fp8_scale_inv_bwd"),
 }
 _COLUMNS = {"forward": 3, "backward": 2}
-SR_STATE_KEY = "fp8_sr_rng_state"  # state-dict entry of the stochastic-rounding generator
 _STAT_SLOTS = {
     "input": ("forward", GEMM1_INPUT),
     "weight": ("forward", GEMM1_WEIGHT),
@@ -152,7 +150,7 @@ class _FP8LinearFunction(torch.autograd.Function):
 
 
 # ---- the module --------------------------------------------------------------------------------
-class FP8Linear(nn.Linear):
+class FP8Linear(StochasticRoundingState, nn.Linear):
     """``nn.Linear`` with FP8 GEMMs inside ``tutorial_lib.fp8.autocast`` (module docstring).
 
     Like nn.Linear: in_features, out_features, bias, device, dtype; parameters ``weight``
@@ -197,8 +195,7 @@ class FP8Linear(nn.Linear):
         self.emulate, self.collect_stats = emulate, collect_stats
         self.fp8_name: str | None = None
         self._last_stats: dict[str, QuantStats] = {}
-        self._sr_generator: torch.Generator | None = None
-        self._sr_pending: torch.Tensor | None = None  # a loaded state, set on first use
+        self._init_sr_state()
         self._ran_fp8 = False  # a forward in FP8 happened (recompute checks need it)
         self._init_fp8_buffers(amax_history_len, device)
 
@@ -329,38 +326,6 @@ class FP8Linear(nn.Linear):
         backward = torch.is_grad_enabled() and any(t.requires_grad for t in params)
         return RecipeLinearFunction.apply(x, w, b, recipe, out_dtype, emulate, gen, backward)
 
-    def sr_generator(self, device: torch.device | str) -> torch.Generator:
-        """The layer's stochastic-rounding generator on ``device``, created on first use (seeded
-        by ``recipes.sr_seed`` from the run's seed and the layer name). Moving to another
-        device reseeds it from a draw of the old one, so the stream stays reproducible."""
-        device = torch.device(device)
-        gen = self._sr_generator
-        if gen is not None and gen.device.type == device.type:
-            return gen
-        new = torch.Generator(device=device)
-        state = self._sr_pending
-        if state is not None:  # a checkpoint's state: the stream continues
-            self._sr_pending = None
-            try:
-                new.set_state(state)
-            except (RuntimeError, TypeError, ValueError):
-                seed = zlib.crc32(state.numpy().tobytes())
-                new.manual_seed(seed)
-                warnings.warn(
-                    f"{self._layer_name()}: the checkpoint's stochastic-rounding state is for "
-                    f"another device type than {device.type}; the stream restarts from a seed "
-                    "taken from that state (deterministic, but not the uninterrupted stream).",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        elif gen is None:
-            new.manual_seed(sr_seed(self._layer_name()))
-        else:
-            draw = torch.randint(1 << 62, (1,), generator=gen, device=gen.device)
-            new.manual_seed(int(draw))
-        self._sr_generator = new
-        return new
-
     def _replay(self, x: torch.Tensor, call: _Call) -> torch.Tensor:
         """A checkpoint recompute: the recorded call again, with its scales, recording nothing."""
         fp8, out_dtype, scales = call.fp8, call.out_dtype, call.scales
@@ -442,29 +407,6 @@ class FP8Linear(nn.Linear):
             row["scale_used"] = None if last is None else last.scale
             out[name] = row
         return out
-
-    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        if self._sr_generator is not None:
-            destination[prefix + SR_STATE_KEY] = self._sr_generator.get_state()
-        elif self._sr_pending is not None:  # loaded, not used yet: keep it
-            destination[prefix + SR_STATE_KEY] = self._sr_pending.clone()
-
-    def _load_sr_state(self, state_dict: Any, prefix: str, error_msgs: list[str]) -> None:
-        """A saved stochastic-rounding state waits for the layer's next draw: it is set on a
-        generator of the device the layer then runs on (``sr_generator``), so a checkpoint
-        loads on the CPU before the model moves to its GPU."""
-        state = state_dict.get(prefix + SR_STATE_KEY)
-        if state is None:
-            return
-        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1:
-            error_msgs.append(
-                f"{prefix}{SR_STATE_KEY}: a generator state is a 1-D uint8 tensor, got "
-                f"{type(state).__name__} {getattr(state, 'dtype', '')}."
-            )
-            return
-        self._sr_pending = state.detach().to("cpu").clone()
-        self._sr_generator = None
 
     def _load_from_state_dict(
         self,
