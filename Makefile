@@ -98,9 +98,9 @@ sync: $(STAMP)
 test: $(STAMP) lint vendor browser-deps stage
 	@rm -f $(EXECUTED)
 	@status=0; set -x; \
-	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --timeout=240 --ignore=tests/browser tests \
+	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --dist worksteal --timeout=240 --ignore=tests/browser tests \
 	  || status=1; \
-	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) $(NBMAKE) $(TEST_LIMITS) --junitxml=$(REPORT) \
+	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --dist worksteal $(NBMAKE) $(TEST_LIMITS) --junitxml=$(REPORT) \
 	  $(STAGE)/chapters || status=1; \
 	exit $$status
 	@touch $(EXECUTED)
@@ -110,7 +110,7 @@ test: $(STAMP) lint vendor browser-deps stage
 	$(TEST_ENV) CHROMIUM=$(CHROMIUM) $(VENV)/bin/pytest -p no:cacheprovider tests/browser
 
 unit: $(STAMP)
-	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --timeout=240 --ignore=tests/browser tests
+	$(TEST_ENV) $(VENV)/bin/pytest -n $(JOBS) --dist worksteal --timeout=240 --ignore=tests/browser tests
 
 # Only the notebooks, executed in place of the staged copy (the preset is auto-detected:
 # `hopper` on an sm_90 GPU, `ci` elsewhere; set TUTORIAL_PRESET to choose). On a GPU machine
