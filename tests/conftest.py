@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -75,6 +76,34 @@ def data_factory(corpus: bytes) -> Callable[..., TokenData]:
         return TokenData(tokens[:-n_val], tokens[-n_val:], block_size=block_size, seed=seed)
 
     return make
+
+
+def _short_run(
+    model: Any, data: TokenData, precision: str, steps: int, out: Path | None = None
+) -> Any:
+    """A Trainer for a short parity run of a built copy of ``model`` in ``precision`` (batch 8,
+    lr 3e-3, 2 warm-up steps, no evaluation, seed 0) on the CPU."""
+    from tutorial_lib.build import build_model
+    from tutorial_lib.train import TrainConfig, Trainer
+
+    cfg = TrainConfig(
+        steps=steps,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_every=0,
+        precision=precision,
+        progress=False,
+        seed=0,
+    )
+    built = build_model(model.config, precision=precision, weights=model.state_dict())
+    return Trainer(built, data, cfg, device="cpu", out_dir=out)
+
+
+@pytest.fixture(scope="session")
+def short_run() -> Callable[..., Any]:
+    """``short_run(model, data, precision, steps, out=None)``: a Trainer (``_short_run``)."""
+    return _short_run
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from tutorial_lib.__main__ import main
-from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8 import (
@@ -33,7 +32,7 @@ from tutorial_lib.fp8 import (
 from tutorial_lib.fp8.linear import SR_STATE_KEY
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import get_policy
-from tutorial_lib.train import TrainConfig, Trainer, load_checkpoint
+from tutorial_lib.train import Trainer, load_checkpoint
 
 STATELESS = {
     "current": Float8CurrentScaling(),
@@ -240,40 +239,28 @@ def test_each_recipe_runs_natively_only_where_the_gpu_has_it(
 CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)
 
 
-def _trainer(model: GPT, data: TokenData, precision: str, steps: int) -> Trainer:
-    cfg = TrainConfig(
-        steps=steps,
-        batch_size=8,
-        lr=3e-3,
-        warmup_steps=2,
-        eval_every=0,
-        precision=precision,
-        progress=False,
-        seed=0,
-    )
-    built = build_model(model.config, precision=precision, weights=model.state_dict())
-    return Trainer(built, data, cfg, device="cpu")
-
-
 @pytest.mark.parametrize("precision", [p for r, p in RECIPE_PRECISIONS.items() if r != "delayed"])
 def test_resume_reproduces_the_uninterrupted_run(
-    precision: str, data_factory: Callable[..., TokenData], tmp_path: Path
+    precision: str,
+    data_factory: Callable[..., TokenData],
+    tmp_path: Path,
+    short_run: Callable[..., Trainer],
 ) -> None:
     def data() -> TokenData:
         return data_factory(seed=0, block_size=CFG.block_size)
 
     torch.manual_seed(0)
     model = GPT(CFG)
-    straight = _trainer(model, data(), precision, 8)
+    straight = short_run(model, data(), precision, 8)
     straight.train()
-    first = _trainer(model, data(), precision, 8)
+    first = short_run(model, data(), precision, 8)
     first.train(4)
     path = first.save(tmp_path / "ckpt.pt")
     saved = load_checkpoint(path)["model"]
     has_sr = any(key.endswith(SR_STATE_KEY) for key in saved)
     assert has_sr == (precision == "nvfp4")
     torch.manual_seed(123)  # another init and another stochastic-rounding seed
-    second = _trainer(GPT(CFG), data(), precision, 8)
+    second = short_run(GPT(CFG), data(), precision, 8)
     second.resume(path)
     second.train()
     assert [r["loss"] for r in second.history] == [r["loss"] for r in straight.history]

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from tutorial_lib.__main__ import main
-from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8 import (
@@ -25,27 +24,10 @@ from tutorial_lib.fp8 import (
 )
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import get_policy
-from tutorial_lib.train import TrainConfig, Trainer, load_checkpoint
+from tutorial_lib.train import Trainer, load_checkpoint
 
 # Widths that are multiples of 16, B*T = 8*32 a multiple of 8.
 CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)
-
-
-def _trainer(
-    model: GPT, data: TokenData, precision: str, steps: int, out: Path | None = None
-) -> Trainer:
-    cfg = TrainConfig(
-        steps=steps,
-        batch_size=8,
-        lr=3e-3,
-        warmup_steps=2,
-        eval_every=0,
-        precision=precision,
-        progress=False,
-        seed=0,
-    )
-    built = build_model(model.config, precision=precision, weights=model.state_dict())
-    return Trainer(built, data, cfg, device="cpu", out_dir=out)
 
 
 @pytest.fixture
@@ -84,13 +66,15 @@ def test_device_check(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ---- training ----------------------------------------------------------------------------------
-def test_fp8_trains_close_to_bf16(data: Callable[[], TokenData]) -> None:
+def test_fp8_trains_close_to_bf16(
+    data: Callable[[], TokenData], short_run: Callable[..., Trainer]
+) -> None:
     torch.manual_seed(0)
     model = GPT(CFG)
-    fp8 = _trainer(model, data(), "fp8", 20)
+    fp8 = short_run(model, data(), "fp8", 20)
     assert sum(isinstance(m, FP8Linear) for m in fp8.model.modules()) == 4 * CFG.n_layer
     fp8_losses = [row["loss"] for row in fp8.train()]
-    bf16_losses = [row["loss"] for row in _trainer(model, data(), "bf16", 20).train()]
+    bf16_losses = [row["loss"] for row in short_run(model, data(), "bf16", 20).train()]
     assert all(torch.isfinite(torch.tensor(fp8_losses)))
     assert fp8_losses[-1] < fp8_losses[0] - 1.0
     gap = max(abs(a - b) for a, b in zip(fp8_losses, bf16_losses, strict=True))
@@ -100,19 +84,19 @@ def test_fp8_trains_close_to_bf16(data: Callable[[], TokenData]) -> None:
 
 
 def test_resume_reproduces_the_uninterrupted_run(
-    data: Callable[[], TokenData], tmp_path: Path
+    data: Callable[[], TokenData], tmp_path: Path, short_run: Callable[..., Trainer]
 ) -> None:
     torch.manual_seed(0)
     model = GPT(CFG)
-    straight = _trainer(model, data(), "fp8", 12)
+    straight = short_run(model, data(), "fp8", 12)
     straight.train()
-    first = _trainer(model, data(), "fp8", 12)
+    first = short_run(model, data(), "fp8", 12)
     first.train(6)
     path = first.save(tmp_path / "ckpt.pt")
     saved = load_checkpoint(path)["model"]
     assert saved["blocks.0.attn.qkv.fp8_amax_history_fwd"].abs().sum() > 0
     torch.manual_seed(123)  # a different init: everything must come from the checkpoint
-    second = _trainer(GPT(CFG), data(), "fp8", 12)
+    second = short_run(GPT(CFG), data(), "fp8", 12)
     second.resume(path)
     second.train()
     losses = [row["loss"] for row in second.history]
@@ -146,7 +130,9 @@ def test_cli_trains_with_fp8(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_no_cpu_training_path_calls_scaled_mm(
-    monkeypatch: pytest.MonkeyPatch, data: Callable[[], TokenData]
+    monkeypatch: pytest.MonkeyPatch,
+    data: Callable[[], TokenData],
+    short_run: Callable[..., Trainer],
 ) -> None:
     """FP8 training on the CPU, forward and backward, never reaches ``torch._scaled_mm`` (whose
     CPU kernel takes minutes per step on some CPUs); its GEMMs do run in FP8 (histories fill)."""
@@ -158,7 +144,7 @@ def test_no_cpu_training_path_calls_scaled_mm(
 
     monkeypatch.setattr(torch, "_scaled_mm", record)
     torch.manual_seed(0)
-    trainer = _trainer(GPT(CFG), data(), "fp8", steps=2)
+    trainer = short_run(GPT(CFG), data(), "fp8", steps=2)
     trainer.train()
     fp8_layers = [m for m in trainer.model.modules() if isinstance(m, FP8Linear)]
     assert fp8_layers and calls == []

@@ -283,14 +283,11 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
             self.fp8_state.forward.calibrate_amax(GEMM1_WEIGHT, self.weight)
             return F.linear(x, self.weight, self.bias)
         self._check_fp8_shapes(x)
-        check_not_plain_checkpoint(self._layer_name())
-        self._ran_fp8 = True
+        self._start_fp8()
         emulate = self._resolve_emulate(x.device, fp8)
-        dev = x.device.type
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        out_dtype = _out_dtype(x)
         record_call(self, fp8, out_dtype, emulate, self.fp8_state.forward)
-        params = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)
-        step = register_fp8_run(self.fp8_state, fp8, any(t.requires_grad for t in params))
+        step = register_fp8_run(self.fp8_state, fp8, self._needs_grad(x))
         fp8 = fp8 if fp8.collect_stats or not self.collect_stats else _with_stats(fp8)
         return _FP8LinearFunction.apply(
             x, self.weight, self.bias, self, fp8, out_dtype, emulate, step, None
@@ -308,12 +305,10 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
         problem = recipe.shape_problem(tokens, self.in_features, self.out_features)
         if problem and torch.is_grad_enabled() and self.weight.requires_grad:  # a wgrad GEMM
             raise ValueError(f"FP8 GEMM shape error in layer {self._layer_name()}: {problem}.")
-        check_not_plain_checkpoint(self._layer_name())
-        self._ran_fp8 = True
+        self._start_fp8()
         flag = self.emulate if self.emulate is not None else fp8.emulate
         emulate = check_recipe_device(recipe, x.device, flag, self._layer_name())
-        dev = x.device.type
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        out_dtype = _out_dtype(x)
         record_call(self, fp8, out_dtype, emulate)
         return self._recipe_apply(x, recipe, out_dtype, emulate)
 
@@ -321,10 +316,19 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
         self, x: torch.Tensor, recipe: Recipe, out_dtype: torch.dtype, emulate: bool
     ) -> torch.Tensor:
         gen = self.sr_generator(x.device) if recipe.uses_stochastic_rounding else None
+        backward = torch.is_grad_enabled() and self._needs_grad(x)
         w, b = self.weight, self.bias
-        params = (x, w) if b is None else (x, w, b)
-        backward = torch.is_grad_enabled() and any(t.requires_grad for t in params)
         return RecipeLinearFunction.apply(x, w, b, recipe, out_dtype, emulate, gen, backward)
+
+    def _start_fp8(self) -> None:
+        """Before a forward in FP8: refuse plain checkpointing; note that FP8 has run."""
+        check_not_plain_checkpoint(self._layer_name())
+        self._ran_fp8 = True
+
+    def _needs_grad(self, x: torch.Tensor) -> bool:
+        """Whether the input, weight or bias requires grad (so a backward pass will run)."""
+        params = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)
+        return any(t.requires_grad for t in params)
 
     def _replay(self, x: torch.Tensor, call: _Call) -> torch.Tensor:
         """A checkpoint recompute: the recorded call again, with its scales, recording nothing."""
@@ -470,6 +474,12 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
     def extra_repr(self) -> str:
         length = self.fp8_state.forward.history_len
         return f"{super().extra_repr()}, amax_history_len={length}, emulate={self.emulate}"
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    """The GEMM output dtype: the autocast dtype inside autocast, else the input's."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
 def _with_stats(fp8: FP8AutocastState) -> FP8AutocastState:
