@@ -14,7 +14,17 @@
     ``te-fp8`` (``perf.benchmark_policies``); a policy this machine cannot run (``te-fp8``
     without Transformer Engine) is a row with ``skipped`` and the reason.
 
-Both go through ``perf.write_results`` (stamped with device and date) and are printed.
+(c) ``fp8_recipe_gemm``: for each hidden size h, the same GEMM quantized by the per-tensor
+    (current), row-wise and block recipes (``fp8.recipes``; x (tokens, h) and w (4h, h) quantized
+    outside the timing), run through ``recipe_linear.quantized_matmul`` the way ``FP8Linear``
+    runs it on this device: natively where ``check_recipe_device`` says so (``torch._scaled_mm``;
+    the block recipe through torch's blockwise kernel on sm_90, ``fp8.tiled_gemm``), else the
+    emulation. A native row also runs the emulation on the same operands and records
+    ``max_rel_diff_vs_emulation`` (max |native - emulated| / max |emulated|, BF16 output): the
+    check that the native kernel reads the scales as the emulation applies them. A recipe this GPU
+    cannot run is a ``skipped`` row with ``check_recipe_device``'s reason.
+
+All go through ``perf.write_results`` (stamped with device and date) and are printed.
 Numbers are for the device this ran on, and say so: a CPU run is a CPU result.
 """
 
@@ -22,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +50,8 @@ from tutorial_lib.bench import (
 from tutorial_lib.config import RunPreset, get_preset
 from tutorial_lib.fp8.formats import E4M3, quantize
 from tutorial_lib.fp8.gemm import scaled_gemm
+from tutorial_lib.fp8.recipe_linear import quantized_matmul
+from tutorial_lib.fp8.recipes import check_recipe_device, make_recipe
 from tutorial_lib.hardware import default_device, describe_device, fp8_gemm_status
 from tutorial_lib.perf import BenchResult, benchmark, l2_cache_bytes, make_rotating_inputs
 
@@ -50,6 +63,7 @@ GEMM_DEFAULTS: dict[str, tuple[tuple[int, ...], int]] = {
     "hopper": ((1024, 2048, 4096, 8192), 16384),
 }
 TRAIN_POLICIES = ("bf16", "fp8", "te-fp8")
+RECIPE_GEMMS = ("current", "rowwise", "block")
 CPU_NOTES = {
     "bf16 matmul": "CPU: not a tensor-core result",
     "fp8 gemm": "CPU: emulation (widen to FP32, FP32 matmul); not an FP8 tensor-core result",
@@ -181,6 +195,45 @@ def gemm_rows(
     return [bf16, skipped]
 
 
+def recipe_gemm_rows(
+    tokens: int, h: int, device: torch.device, timing: tuple[int, int]
+) -> list[dict[str, Any]]:
+    """(c) of the module docstring: one row per recipe of ``RECIPE_GEMMS`` for one h."""
+    gen = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(tokens, h, generator=gen, device=device).to(torch.bfloat16)
+    w = (0.02 * torch.randn(4 * h, h, generator=gen, device=device)).to(torch.bfloat16)
+    rows = []
+    for name in RECIPE_GEMMS:
+        recipe = make_recipe(name)
+        row: dict[str, Any] = {"op": f"{name} gemm", "h": h, "m": tokens, "n": 4 * h, "k": h}
+        try:
+            emulated = check_recipe_device(recipe, device, None, who="benchmarks/fp8.py")
+        except RuntimeError as err:
+            rows.append({**row, "skipped": str(err)})
+            continue
+        xq, wq = recipe.quantizer("input").quantize(x), recipe.quantizer("weight").quantize(w)
+
+        def gemm(emulate: bool, xq: Any = xq, wq: Any = wq) -> torch.Tensor:
+            return quantized_matmul(xq, wq, torch.bfloat16, emulate)
+
+        t = benchmark(functools.partial(gemm, emulated), *timing, device)
+        row.update(
+            native=not emulated,
+            time_ms=1e3 * t.median,
+            time_min_ms=1e3 * t.min,
+            iters=t.iters,
+            tflops=8.0 * tokens * h * h / t.median / 1e12,
+        )
+        if emulated:
+            row["note"] = ("CPU: " if device.type == "cpu" else "") + "emulation (FP32 sums)"
+        else:
+            ref = gemm(True).float()
+            diff = (gemm(False).float() - ref).abs().max() / ref.abs().max()
+            row["max_rel_diff_vs_emulation"] = float(diff)
+        rows.append(row)
+    return rows
+
+
 def train_rows(preset: RunPreset, device: torch.device, timing: tuple[int, int]) -> list[dict]:
     """``benchmark_policies`` for bf16, fp8 and te-fp8; on a CPU the fp8 row says it emulates."""
     rows = benchmark_policies(preset, device=device, policies=list(TRAIN_POLICIES), timing=timing)
@@ -197,8 +250,9 @@ def _print(title: str, env: dict[str, Any], rows: list[dict[str, Any]], path: Pa
     print(f"wrote {path} and {path.with_suffix('.md').name}\n")
 
 
-def main(argv: Sequence[str] | None = None) -> tuple[Path, Path]:
-    """Run both benchmarks; returns the paths of the two JSON files (fp8_gemm, fp8_train)."""
+def main(argv: Sequence[str] | None = None) -> tuple[Path, Path, Path]:
+    """Run the three benchmarks; returns the paths of their JSON files (fp8_gemm, fp8_train,
+    fp8_recipe_gemm)."""
     args = parse_args(argv)
     preset = get_preset(args.preset)
     device = default_device()
@@ -225,6 +279,15 @@ def main(argv: Sequence[str] | None = None) -> tuple[Path, Path]:
     }
     gemm_path = write_results("fp8_gemm", gemm, args.out, gemm_meta, environment=env)
     _print(f"fp8 GEMM benchmark, preset {preset.name}", env, gemm, gemm_path)
+    recipe = [row for h in sizes for row in recipe_gemm_rows(tokens, h, device, timing)]
+    recipe_meta = {
+        **gemm_meta,
+        "recipes": list(RECIPE_GEMMS),
+        "timing": "median per call of the quantized GEMM (tokens x h) @ (4h x h)^T, BF16 "
+        "output, operands quantized once outside the timing (not rotated)",
+    }
+    recipe_path = write_results("fp8_recipe_gemm", recipe, args.out, recipe_meta, environment=env)
+    _print(f"fp8 recipe GEMM benchmark, preset {preset.name}", env, recipe, recipe_path)
     train = train_rows(preset, device, timing)
     cfg = preset.model_config()
     train_meta = {
@@ -237,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> tuple[Path, Path]:
     }
     train_path = write_results("fp8_train", train, args.out, train_meta, environment=env)
     _print(f"fp8 training benchmark, preset {preset.name}", env, train, train_path)
-    return gemm_path, train_path
+    return gemm_path, train_path, recipe_path
 
 
 if __name__ == "__main__":

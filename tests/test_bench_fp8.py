@@ -28,7 +28,9 @@ def bench(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def run(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, str]:
+def run(
+    bench: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict, dict, str, dict]:
     """One run of main() (tiny sizes, 1 iteration): both records and what it printed.
 
     The ``ci`` preset is replaced by one on ``BENCH_TINY`` for the run, then restored.
@@ -42,18 +44,19 @@ def run(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[di
     buf = StringIO()
     try:
         with redirect_stdout(buf):
-            gemm_path, train_path = bench.main([*args, str(out)])
+            gemm_path, train_path, recipe_path = bench.main([*args, str(out)])
     finally:
         mp.undo()
     assert gemm_path.parent == out and gemm_path.name.startswith("fp8_gemm__")
     assert train_path.parent == out and train_path.name.startswith("fp8_train__")
     assert gemm_path.with_suffix(".md").is_file() and train_path.with_suffix(".md").is_file()
     load = lambda p: json.loads(p.read_text())  # noqa: E731
-    return load(gemm_path), load(train_path), buf.getvalue()
+    assert recipe_path.name.startswith("fp8_recipe_gemm__")
+    return load(gemm_path), load(train_path), buf.getvalue(), load(recipe_path)
 
 
-def test_gemm_rows(run: tuple[dict, dict, str]) -> None:
-    gemm, _, _ = run
+def test_gemm_rows(run: tuple[dict, dict, str, dict]) -> None:
+    gemm, _, _, _ = run
     assert gemm["benchmark"] == "fp8_gemm" and gemm["environment"]["preset"] == "ci"
     assert gemm["meta"]["tokens"] == 32 and gemm["meta"]["sizes"] == [16, 32]
     assert (gemm["meta"]["warmup"], gemm["meta"]["iters"]) == (1, 1)
@@ -74,16 +77,16 @@ def test_gemm_rows(run: tuple[dict, dict, str]) -> None:
 
 
 @pytest.mark.skipif(not ON_CPU, reason="the CPU notes")
-def test_cpu_rows_say_they_are_cpu_results(run: tuple[dict, dict, str]) -> None:
-    gemm, _, _ = run
+def test_cpu_rows_say_they_are_cpu_results(run: tuple[dict, dict, str, dict]) -> None:
+    gemm, _, _, _ = run
     assert all(row["note"].startswith("CPU:") for row in gemm["rows"])
     fp8 = [row for row in gemm["rows"] if row["op"] == "fp8 gemm"]
     assert fp8 and all(row["note"] == FP8_CPU_NOTE for row in fp8)
     assert all("speedup_vs_bf16" not in row for row in fp8)  # no CPU-vs-CPU FP8 "speedup"
 
 
-def test_train_rows(run: tuple[dict, dict, str]) -> None:
-    _, train, _ = run
+def test_train_rows(run: tuple[dict, dict, str, dict]) -> None:
+    _, train, _, _ = run
     assert train["benchmark"] == "fp8_train"
     assert train["meta"]["model_config"]["n_embd"] == 16
     rows = {row["policy"]: row for row in train["rows"]}
@@ -97,9 +100,31 @@ def test_train_rows(run: tuple[dict, dict, str]) -> None:
         assert "tokens_per_s" not in rows["te-fp8"]
 
 
-def test_tables_are_printed(run: tuple[dict, dict, str]) -> None:
-    _, _, out = run
-    assert out.count("measured on") == 2
+def test_recipe_gemm_rows(run: tuple[dict, dict, str, dict]) -> None:
+    """One row per recipe and size; on a CPU each is the emulation and says so; a native row
+    (a GPU) agrees with the emulation to BF16 rounding."""
+    *_, recipe = run
+    assert recipe["benchmark"] == "fp8_recipe_gemm" and recipe["meta"]["recipes"] == [
+        "current",
+        "rowwise",
+        "block",
+    ]
+    ops = [(row["op"], row["h"]) for row in recipe["rows"]]
+    assert ops == [(f"{r} gemm", h) for h in (16, 32) for r in ("current", "rowwise", "block")]
+    for row in recipe["rows"]:
+        if "skipped" in row:
+            assert "cannot run natively" in row["skipped"]
+            continue
+        assert row["time_ms"] > 0 and row["tflops"] > 0
+        if ON_CPU:
+            assert row["native"] is False and row["note"].startswith("CPU: emulation")
+        if row["native"]:
+            assert row["max_rel_diff_vs_emulation"] < 2e-2
+
+
+def test_tables_are_printed(run: tuple[dict, dict, str, dict]) -> None:
+    _, _, out, _ = run
+    assert out.count("measured on") == 3
     assert "| op |" in out and "| policy |" in out and "| te-fp8 |" in out
 
 

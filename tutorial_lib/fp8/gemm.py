@@ -8,6 +8,7 @@ Where the GEMMs run (``scaled_gemm``):
                   the emulation path instead, with a RuntimeWarning once per pair of shapes.
                   Row-wise scales (an ``(M, 1)`` and a ``(1, N)`` scale inverse) use
                   ``_scaled_mm``'s row-wise mode, which returns BF16; the result is then cast.
+                  The block recipe's tile-scaled GEMMs run through ``fp8.tiled_gemm`` (sm_90).
     CUDA < sm_89  a RuntimeError, unless emulation was asked for (``emulate=True`` on the
                   module, the ``autocast`` or the ``fp8`` policy): never a silent fallback.
     CPU           always the emulation. A CPU has no FP8 units, and ``torch._scaled_mm``'s CPU
@@ -41,7 +42,7 @@ import warnings
 
 import torch
 
-__all__ = ["emulated_gemm", "scaled_gemm"]
+__all__ = ["emulated_gemm", "scaled_gemm", "warn_emulated_once"]
 
 
 def scaled_gemm(
@@ -74,21 +75,26 @@ def _is_cuda(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
-_WARNED: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+_WARNED: set[object] = set()
 
 
 def _warn_emulated_shape(a: tuple[int, ...], b: tuple[int, ...]) -> None:
     """Warn once per pair of shapes that an FP8 GEMM on a GPU runs emulated (no FP8 speed)."""
-    if (a, b) in _WARNED:
-        return
-    _WARNED.add((a, b))
-    warnings.warn(
+    warn_emulated_once(
+        (a, b),
         f"FP8 GEMM {a} x {b} on a GPU runs through the FP32 emulation, without FP8 speed: "
         "torch._scaled_mm needs every dimension to be a multiple of 16. Choose such sizes "
         "(widths, and batch x sequence) to run it on the FP8 tensor cores.",
-        RuntimeWarning,
-        stacklevel=3,
     )
+
+
+def warn_emulated_once(key: object, message: str) -> None:
+    """A RuntimeWarning the first time ``key`` (say, a pair of GEMM shapes) falls back to the
+    emulation on a GPU; silent afterwards."""
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def _scaled_mm_gemm(

@@ -15,7 +15,10 @@ GEMM arithmetic (``quantized_matmul``):
     per-tensor (current) and row-wise: ``fp8.gemm.scaled_gemm``: ``torch._scaled_mm`` on FP8
         GPUs (row-wise: an ``(M, 1)`` and a ``(1, N)`` scale), else exact FP8 products summed in
         float32 and then scaled, as the GPU does.
-    tiled (block, MXFP8, NVFP4): always emulated. Each element times its tile's scale is exact
+    block on a GPU: ``fp8.tiled_gemm.block_scaled_mm``, torch's blockwise kernel (Hopper),
+        which applies the tile scales inside the GEMM; a GEMM it cannot take (off the 16-grid)
+        runs the emulation below, with a warning once.
+    tiled, emulated (block elsewhere, MXFP8, NVFP4 everywhere). Each element times its tile's scale is exact
         in float32 (power-of-two scales: block's default and MXFP8's E8M0; NVFP4's E2M1 value
         times an E4M3 scale has at most 6 significant bits), the products are summed in
         float32, and NVFP4's two per-tensor scales multiply the sum, as the tensor cores apply
@@ -31,10 +34,12 @@ from typing import Any
 
 import torch
 
-from .gemm import scaled_gemm
+from . import gemm
+from .gemm import scaled_gemm, warn_emulated_once
 from .quantizers import QuantizedTensor
 from .quantizers.base import as_matrix, expand_tiles, tile_grid
 from .recipes import Recipe
+from .tiled_gemm import block_scaled_mm, native_block_problem
 
 __all__ = ["RecipeLinearFunction", "quantized_matmul", "scaled_values"]
 
@@ -72,6 +77,16 @@ def quantized_matmul(
         a_data, b_data = as_matrix(a.data), as_matrix(b.data)
         return scaled_gemm(
             a_data, a_inv, b_data.t(), b_inv, bias, out_dtype, emulate, use_fast_accum
+        )
+    if a.recipe == "block" and not emulate and gemm._is_cuda(a.data):
+        problem = native_block_problem(a, b)
+        if problem is None:
+            return block_scaled_mm(a, b, out_dtype, use_fast_accum, bias)
+        shapes = (tuple(a.shape), tuple(b.shape), a.fmt, b.fmt)
+        warn_emulated_once(
+            shapes,
+            f"block-scaled FP8 GEMM {shapes[0]} x {shapes[1]}^T on a GPU runs through the FP32 "
+            f"emulation, without FP8 speed: {problem}.",
         )
     with torch.autocast(a.data.device.type, enabled=False):
         out = scaled_values(a) @ scaled_values(b).t()
