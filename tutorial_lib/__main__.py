@@ -75,6 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="tensor-parallel degree; run under torchrun --nproc-per-node N",
     )
+    train.add_argument(
+        "--dp",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="data-parallel degree (--batch-size is the global batch); torchrun --nproc-per-node N",
+    )
+    train.add_argument(
+        "--dp-mode",
+        choices=("fsdp", "ddp"),
+        default="fsdp",
+        help="FSDP2 (shards parameters, gradients and optimizer state) or DDP (replicates them)",
+    )
 
     bench = sub.add_parser("bench", help="run a benchmark and record it (JSON + Markdown)")
     bench.add_argument(
@@ -191,14 +204,33 @@ def _train(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     data = make_data(model_cfg.block_size, path=args.data, seed=args.seed)
-    if args.tp > 1:
+    if args.dp > 1 and args.tp > 1:
+        raise ValueError(
+            "--dp and --tp together (2D parallelism) are not supported yet: use one of them."
+        )
+    if args.dp > 1:
+        if args.fused or args.compile:
+            raise ValueError("--dp does not combine with --fused or --compile yet.")
+        from .parallel.dp import data_parallel_trainer
+
+        trainer: Trainer = data_parallel_trainer(
+            model_cfg,
+            data,
+            cfg,
+            args.dp,
+            args.dp_mode,
+            device=args.device,
+            out_dir=args.out,
+            seed=args.seed,
+        )
+    elif args.tp > 1:
         if args.resume:
             raise ValueError("--resume does not combine with --tp yet (sharded optimizer state).")
         if args.fused or args.compile:
             raise ValueError("--tp does not combine with --fused or --compile yet.")
         from .parallel.launch import tensor_parallel_trainer
 
-        trainer: Trainer = tensor_parallel_trainer(
+        trainer = tensor_parallel_trainer(
             model_cfg, data, cfg, args.tp, device=args.device, out_dir=args.out, seed=args.seed
         )
     else:
@@ -217,8 +249,8 @@ def _train(args: argparse.Namespace) -> int:
         trainer.resume(ckpt)
         print(f"resumed from {ckpt} at step {trainer.step}")
     history = trainer.train()
-    if getattr(trainer, "tp_rank", 0) != 0:
-        return 0  # only TP rank 0 writes files and reports
+    if getattr(trainer, "tp_rank", 0) != 0 or getattr(trainer, "dp_rank", 0) != 0:
+        return 0  # only rank 0 writes files and reports
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "metrics.json").write_text(json.dumps(history, indent=1))
     last = history[-1] if history else None

@@ -274,16 +274,16 @@ class Trainer:
         total_loss = torch.zeros((), device=self.device)
         with self.policy.matmul_settings():
             for _ in range(cfg.grad_accum):
-                x, y = self.data.get_batch("train", cfg.batch_size, self.device)
+                x, y = self._batch("train")
                 with self.policy.autocast(self.device):
-                    _, loss = self.model(x, y)
+                    _, loss = self._forward(x, y)
                 loss = loss / cfg.grad_accum
                 total_loss += loss.detach()
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
             grad_norm = self._clip_grad_norm(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            loss_value = total_loss.item()  # synchronises
+            loss_value = self._mean_over_ranks(total_loss).item()  # synchronises
             norm_value = float(grad_norm)
             # Without a scaler (which skips such steps) one NaN gradient would turn every weight
             # into NaN, clipping included, before the loss shows it: stop here instead.
@@ -316,6 +316,20 @@ class Trainer:
             "val_loss": None,
         }
 
+    # ---- what a parallel trainer overrides (parallel.launch.TPTrainer, parallel.dp.DPTrainer)
+    def _batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """This process's micro-batch: the whole ``cfg.batch_size`` here; a data-parallel rank
+        takes its share of the same global batch."""
+        return self.data.get_batch(split, self.cfg.batch_size, self.device)
+
+    def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's forward pass (a DDP trainer calls its wrapper, which syncs gradients)."""
+        return self.model(x, y)
+
+    def _mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        """A per-process metric made global (data parallelism averages it over the ranks)."""
+        return value
+
     def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip the gradients to ``max_norm`` and return their norm before clipping (a
         tensor-parallel trainer overrides this: its norm spans every rank's shards)."""
@@ -328,10 +342,10 @@ class Trainer:
         losses = []
         with self.policy.matmul_settings():
             for _ in range(iters or self.cfg.eval_iters):
-                x, y = self.data.get_batch("val", self.cfg.batch_size, self.device)
+                x, y = self._batch("val")
                 with self.policy.autocast(self.device), _eager(self.recipe.compile):
-                    _, loss = self.model(x, y)
-                losses.append(loss.item())
+                    _, loss = self._forward(x, y)
+                losses.append(self._mean_over_ranks(loss.detach()).item())
         self.model.train()
         return sum(losses) / len(losses)
 
@@ -406,14 +420,18 @@ class Trainer:
                 f"The checkpoint was trained in precision {saved!r}, this model is built for "
                 f"{self.recipe.precision!r}: resume with --precision {saved}, or start again."
             )
-        load_model_state_dict(self.model, state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_model_and_optimizer(state["model"], state["optimizer"])
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = state["step"]
         self.history = list(state["history"])
         self.data.load_state_dict(state["data"])
         _set_rng_state(state["rng"])
+
+    def _load_model_and_optimizer(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
+        """Load the full model and the optimizer state (a sharded trainer scatters them)."""
+        load_model_state_dict(self.model, model)
+        self.optimizer.load_state_dict(keep_implementation(optimizer, self.optimizer))
 
     def save(self, path: str | Path) -> Path:
         self.last_checkpoint = save_checkpoint(path, self.state_dict())
@@ -423,6 +441,22 @@ class Trainer:
         """Restore everything from a checkpoint written by ``save``; ``train()`` continues."""
         self.load_state_dict(load_checkpoint(path))
         self.last_checkpoint = Path(path)
+
+
+# AdamW's settings that choose a kernel, not the math: a checkpoint written where the fused kernel
+# ran (or could not) must not switch the kernel of the process that resumes it.
+_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def keep_implementation(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``saved`` (an ``optimizer.state_dict()``) with each param group's kernel choice
+    (``fused``, ``foreach``, ...) taken from ``optimizer``, so a run resumed on another layout or
+    device keeps the kernel it can run; the hyperparameters and state come from ``saved``."""
+    groups = [
+        {**g, **{k: mine[k] for k in _IMPLEMENTATION_KEYS if k in mine}}
+        for g, mine in zip(saved["param_groups"], optimizer.param_groups, strict=False)
+    ]
+    return {**saved, "param_groups": groups}
 
 
 def run_training(

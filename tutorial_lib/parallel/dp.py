@@ -1,0 +1,263 @@
+"""Data parallelism: every rank trains on its share of each global batch, with DDP or FSDP2.
+
+    ddp    ``torch.nn.parallel.DistributedDataParallel``: every rank holds the whole model,
+           gradients, and optimizer state; the backward pass all-reduces (averages) the gradients
+           in buckets while it runs, so every rank takes the same optimizer step.
+    fsdp   FSDP2, ``torch.distributed.fsdp.fully_shard`` on each transformer block and then on
+           the whole model: every rank keeps 1/dp of each parameter (a ``DTensor`` sharded on
+           dim 0), of its gradient and of its optimizer state. A block's parameters are
+           all-gathered just before its forward (and again before its backward, since
+           ``reshard_after_forward=True`` frees them after the forward), and its gradients are
+           reduce-scattered (averaged) as soon as its backward is done.
+
+``DPTrainer`` is the ``Trainer`` of one rank: ``cfg.batch_size`` is the *global* batch; every rank
+draws the same global batch (the data generator is seeded alike everywhere) and takes rows
+``[r * B/dp, (r + 1) * B/dp)``, so a dp run sees exactly the batches of one process with the same
+seed, and its mean loss and gradients are the single process's, up to float rounding (tested:
+``tests/test_data_parallel.py``). The logged loss is averaged over the ranks.
+
+Checkpoints hold the full model and the optimizer state in the single-process format (FSDP2's
+shards gathered with ``torch.distributed.checkpoint.state_dict``'s full state dicts, the
+optimizer state keyed by parameter index again), written by rank 0. So any layout resumes any
+other: a dp 2 checkpoint resumes in one process, and a single-process one at dp 4.
+
+``param_dtype`` (FSDP2 only): FSDP2's ``MixedPrecisionPolicy`` casts the gathered parameters to
+this dtype (for example BF16: half the all-gather bytes) and reduces the gradients in float32.
+Unlike BF16 autocast, every op of the block then runs in that dtype, LayerNorm included.
+
+``memory_per_rank`` counts the bytes each rank holds for parameters, gradients and optimizer
+state, read from the tensors themselves (a DTensor's local shard).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from ..build import build_model
+from ..config import GPTConfig
+from ..data import TokenData
+from ..model import GPT
+from ..train import TrainConfig, Trainer, keep_implementation, save_checkpoint
+from .comm import Group, group_rank
+
+__all__ = [
+    "DP_MODES",
+    "DPTrainer",
+    "data_parallel_trainer",
+    "local_rows",
+    "memory_per_rank",
+    "shard_with_fsdp",
+]
+
+DP_MODES = ("ddp", "fsdp")
+
+
+def local_rows(global_batch: int, dp: int, rank: int) -> slice:
+    """The rows of a global batch that data-parallel ``rank`` of ``dp`` trains on."""
+    if global_batch % dp:
+        raise ValueError(
+            f"The global batch of {global_batch} sequences does not split evenly over {dp} "
+            f"data-parallel ranks: choose --batch-size as a multiple of {dp} (e.g. "
+            f"{dp * max(1, global_batch // dp)})."
+        )
+    local = global_batch // dp
+    return slice(rank * local, (rank + 1) * local)
+
+
+def shard_with_fsdp(
+    model: GPT,
+    group: Group,
+    device: torch.device,
+    param_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+) -> GPT:
+    """FSDP2 on ``model`` in place: each block, then the root (embeddings, final LayerNorm,
+    head), over a one-dimensional mesh of ``group``'s ranks."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=("dp",))
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+class DPTrainer(Trainer):
+    """The ``Trainer`` of one data-parallel rank (module docstring).
+
+    ``mode``: ``"ddp"`` or ``"fsdp"``; ``group``: the data-parallel ranks (default: all).
+    Only rank 0 shows the progress bar and writes checkpoints; every rank takes part in a save.
+    """
+
+    def __init__(
+        self,
+        model: GPT,
+        data: TokenData,
+        cfg: TrainConfig,
+        mode: str = "fsdp",
+        group: Group | None = None,
+        device: torch.device | str | None = None,
+        out_dir: str | Path | None = None,
+        param_dtype: torch.dtype | None = None,
+    ) -> None:
+        if mode not in DP_MODES:
+            raise ValueError(f"Unknown data-parallel mode {mode!r}; choose one of {DP_MODES}.")
+        if param_dtype is not None and mode != "fsdp":
+            raise ValueError("param_dtype is FSDP2's MixedPrecisionPolicy: use mode='fsdp'.")
+        self.group = group if group is not None else dist.group.WORLD
+        self.mode, self.dp = mode, dist.get_world_size(self.group)
+        self.dp_rank = group_rank(self.group)
+        self._rows = local_rows(cfg.batch_size, self.dp, self.dp_rank)
+        if self.dp_rank != 0:
+            cfg = dataclasses.replace(cfg, progress=False)
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        model = model.to(dev)
+        if mode == "fsdp":  # before the optimizer is made: it must hold the shards
+            shard_with_fsdp(model, self.group, dev, param_dtype)
+        super().__init__(model, data, cfg, device=dev, out_dir=out_dir)
+        self._ddp: nn.Module | None = None
+        if mode == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            self._ddp = DistributedDataParallel(self.model, process_group=self.group)
+        self._flops_per_token /= self.dp  # MFU per GPU: each does 1/dp of the work
+
+    # ---- the hooks of Trainer.train_step ------------------------------------------------------
+    def _batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.data.get_batch(split, self.cfg.batch_size, "cpu")  # the global batch
+        x, y = x[self._rows], y[self._rows]
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self._ddp or self.model)(x, y)
+
+    def _mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        total = value.detach().clone()
+        dist.all_reduce(total, group=self.group)
+        return total / self.dp
+
+    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    # ---- checkpoints: the full model and optimizer, in the single-process format --------------
+    def _param_order(self) -> list[str]:
+        """Parameter names in the optimizer's index order (its groups, in order)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.mode == "fsdp":
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+                get_optimizer_state_dict,
+            )
+
+            full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 holds it
+            state["model"] = get_model_state_dict(self.model, options=full)
+            optim: dict[str, Any] = dict(
+                get_optimizer_state_dict(self.model, self.optimizer, options=full)
+            )
+            index = {name: i for i, name in enumerate(self._param_order())}
+            state["optimizer"] = {
+                "state": {index[k]: v for k, v in optim.get("state", {}).items()},
+                "param_groups": [
+                    {**g, "params": [index[k] for k in g["params"]]}
+                    for g in optim.get("param_groups", [])
+                ],
+            }
+        state["data_parallel"] = {"dp": self.dp, "mode": self.mode}
+        return state
+
+    def _load_model_and_optimizer(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
+        if self.mode == "ddp":
+            super()._load_model_and_optimizer(model, optimizer)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        full = StateDictOptions(full_state_dict=True)  # every rank read the whole file
+        set_model_state_dict(self.model, model, options=full)
+        order = self._param_order()
+        optimizer = keep_implementation(optimizer, self.optimizer)
+        by_name = {
+            "state": {order[int(i)]: v for i, v in optimizer["state"].items()},
+            "param_groups": [
+                {**g, "params": [order[int(i)] for i in g["params"]]}
+                for g in optimizer["param_groups"]
+            ],
+        }
+        set_optimizer_state_dict(self.model, self.optimizer, by_name, options=full)  # type: ignore[arg-type]
+
+    def save(self, path: str | Path) -> Path:
+        state = self.state_dict()  # every rank takes part in the gathers
+        if self.dp_rank == 0:
+            save_checkpoint(path, state)
+        dist.barrier(group=self.group)  # the file exists for every rank once save returns
+        self.last_checkpoint = Path(path)
+        return self.last_checkpoint
+
+
+def memory_per_rank(trainer: Trainer) -> dict[str, int]:
+    """Bytes this rank holds for parameters, gradients and optimizer state (a DTensor counts
+    its local shard), read from the tensors themselves; with a GPU, also the allocator's peak."""
+
+    def nbytes(t: torch.Tensor) -> int:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        return local.numel() * local.element_size()
+
+    params = list(trainer.model.parameters())
+    optim = [v for s in trainer.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    out = {
+        "parameters": sum(nbytes(p) for p in params),
+        "gradients": sum(nbytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(nbytes(v) for v in optim if v.dim() > 0),  # not the step counters
+    }
+    if trainer.device.type == "cuda":
+        out["peak_allocated"] = int(torch.cuda.max_memory_allocated(trainer.device))
+    return out
+
+
+def data_parallel_trainer(
+    model_cfg: GPTConfig,
+    data: TokenData,
+    cfg: TrainConfig,
+    dp: int,
+    mode: str = "fsdp",
+    device: str | None = None,
+    out_dir: str | Path | None = None,
+    seed: int = 0,
+) -> DPTrainer:
+    """Under torchrun with ``dp`` processes: join the group, build the model (the same weights on
+    every rank: ``build_model(..., seed=seed)``) and return this rank's ``DPTrainer``
+    (``python -m tutorial_lib train --dp N``). Build ``data`` with the same seed everywhere."""
+    from .launch import init_from_env
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != dp:
+        raise ValueError(
+            f"--dp {dp} needs {dp} processes, but WORLD_SIZE is {world}: run "
+            f"python -m torch.distributed.run --nproc-per-node {dp} -m tutorial_lib train "
+            f"--dp {dp} ..."
+        )
+    local_rows(cfg.batch_size, dp, 0)  # a batch that does not split: the error, before starting
+    cpu = device is not None and torch.device(device).type == "cpu"
+    env = init_from_env("gloo" if cpu else None)
+    dev = device or env.device
+    model = build_model(model_cfg, precision=cfg.precision, device=dev, seed=seed)
+    return DPTrainer(model, data, cfg, mode, device=dev, out_dir=out_dir)

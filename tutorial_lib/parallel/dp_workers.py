@@ -1,0 +1,68 @@
+"""What each rank of a data-parallel ``launch.spawn`` group runs (chapter and tests): a few
+steps of ``DPTrainer``, optionally resumed from or saved to a checkpoint, and the memory it holds.
+Importable by name, as ``spawn`` needs; results are small (histories and byte counts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..build import build_model
+from ..config import GPTConfig
+from ..data import TokenData
+from ..train import TrainConfig
+from .dp import DPTrainer, memory_per_rank
+
+__all__ = ["DPRun", "dp_train", "dp_train_worker"]
+
+
+@dataclass(frozen=True)
+class DPRun:
+    """One data-parallel run: model, data (train tokens, val tokens, block size, seed), settings.
+
+    steps: train until this many steps in total; resume: a checkpoint to start from; save: where
+    to write one at the end; measure: after training, one more forward and backward pass (no
+    step), then ``memory_per_rank`` with the gradients in place.
+    """
+
+    model: GPTConfig
+    data: tuple[torch.Tensor, torch.Tensor, int, int]
+    train: TrainConfig
+    mode: str = "fsdp"
+    steps: int | None = None
+    resume: str | None = None
+    save: str | None = None
+    measure: bool = False
+    param_dtype: torch.dtype | None = None
+    seed: int = 0
+
+
+def dp_train_worker(rank: int, world_size: int, *runs: DPRun) -> list[dict[str, Any]]:
+    """Each run in turn (one spawn amortizes the processes' start-up over several runs)."""
+    return [dp_train(run) for run in runs]
+
+
+def dp_train(run: DPRun) -> dict[str, Any]:
+    """Build the model (``build_model`` with ``run.seed``: the same weights on every rank), train
+    it under ``DPTrainer`` and return the history (and the memory, with ``run.measure``)."""
+    model = build_model(run.model, precision=run.train.precision, device="cpu", seed=run.seed)
+    trainer = DPTrainer(
+        model, TokenData(*run.data), run.train, run.mode, device="cpu", param_dtype=run.param_dtype
+    )
+    if run.resume is not None:
+        trainer.resume(run.resume)
+    history = trainer.train(run.steps)
+    if run.save is not None:
+        trainer.save(Path(run.save))
+    memory = None
+    if run.measure:
+        x, y = trainer._batch("train")
+        with trainer.policy.autocast(trainer.device):
+            _, loss = trainer._forward(x, y)
+        loss.backward()
+        memory = memory_per_rank(trainer)
+    rows = (trainer._rows.start, trainer._rows.stop)  # this rank's share of each global batch
+    return {"history": history, "memory": memory, "rows": rows}
