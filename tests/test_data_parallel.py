@@ -21,6 +21,7 @@ from tutorial_lib.__main__ import main
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
+from tutorial_lib.parallel.dcp import load_sharded, save_sharded
 from tutorial_lib.parallel.dp import DPTrainer, local_rows
 from tutorial_lib.parallel.dp_workers import DPRun, dp_train_worker
 from tutorial_lib.parallel.launch import spawn
@@ -82,11 +83,20 @@ def _spawn_runs(tmp: Path) -> dict[str, Any]:
     cases["fsdp-resume"] = DPRun(
         CFG, data, _cfg("fp32"), "fsdp", resume=str(tmp / "single.pt"), seed=7
     )
+    # torch.distributed.checkpoint: each rank writes its shards; other layouts read them
+    save_sharded(single, tmp / "single-sharded")
+    cases["fsdp-save-sharded"] = DPRun(
+        CFG, data, _cfg("fp32"), "fsdp", steps=2, save=str(tmp / "dp-sharded"), sharded=True
+    )
+    cases["ddp-resume-sharded"] = DPRun(
+        CFG, data, _cfg("fp32"), "ddp", resume=str(tmp / "single-sharded"), sharded=True, seed=7
+    )
     ranks = spawn(dp_train_worker, 2, *cases.values(), timeout_s=300)
     out = dict(zip(cases, ranks[0], strict=True))
     out["rank1-memory"] = {k: r["memory"] for k, r in zip(cases, ranks[1], strict=True)}
     out["rows"] = [ranks[r][0]["rows"] for r in (0, 1)]
     out["dp-checkpoint"] = tmp / "dp.pt"
+    out["dp-sharded"] = tmp / "dp-sharded"
     return out
 
 
@@ -132,7 +142,8 @@ def _check_fsdp_bf16_parameters(runs: dict[str, Any]) -> None:
 
 def _check_checkpoints_move_between_layouts(runs: dict[str, Any]) -> None:
     """dp 2 (FSDP2) saved at step 2 and resumed in one process, and a single-process checkpoint
-    resumed at dp 2, both continue the uninterrupted single-process run."""
+    resumed at dp 2, both continue the uninterrupted single-process run; as one file (full
+    state) and as DCP shards."""
     ref = _losses(_single("fp32").history)
     resumed = Trainer(
         build_model(CFG, device="cpu", seed=5), TokenData(*_data()), _cfg("fp32"), device="cpu"
@@ -141,6 +152,19 @@ def _check_checkpoints_move_between_layouts(runs: dict[str, Any]) -> None:
     assert resumed.step == 2
     assert _losses(resumed.train()[2:]) == pytest.approx(ref[2:], rel=1e-6)
     assert _losses(runs["fsdp-resume"]["history"][2:]) == pytest.approx(ref[2:], rel=1e-6)
+    # the same with sharded (DCP) checkpoints: dp 2 -> one process, one process -> dp 2 (DDP)
+    assert sorted(p.name for p in (runs["dp-sharded"] / "shards").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    resumed = Trainer(
+        build_model(CFG, device="cpu", seed=5), TokenData(*_data()), _cfg("fp32"), device="cpu"
+    )
+    load_sharded(resumed, runs["dp-sharded"])
+    assert resumed.step == 2
+    assert _losses(resumed.train()[2:]) == pytest.approx(ref[2:], rel=1e-6)
+    assert _losses(runs["ddp-resume-sharded"]["history"][2:]) == pytest.approx(ref[2:], rel=1e-6)
 
 
 def test_a_batch_that_does_not_split_is_refused_with_the_fix() -> None:

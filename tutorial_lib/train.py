@@ -392,13 +392,21 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
+            **self.run_state(),
+            "model": model_state_dict(self.model),  # TE's FP8 state without pickle
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def run_state(self) -> dict[str, Any]:
+        """Everything a checkpoint holds except the model and the optimizer state: step,
+        configs, loss scaler, schedule, RNG, sampler and history (a sharded checkpoint keeps the
+        weights apart: ``parallel.dcp``)."""
+        return {
             "format": "tutorial_lib.checkpoint/1",
             "step": self.step,
             "model_config": dataclasses.asdict(self.model.config),
             "train_config": dataclasses.asdict(self.cfg),
             "model_recipe": dataclasses.asdict(self.recipe),
-            "model": model_state_dict(self.model),  # TE's FP8 state without pickle
-            "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "schedule": {"step": self.step, "lr": lr_at(self.step, self.cfg)},
             "rng": _rng_state(),
@@ -407,6 +415,12 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_compatible(state)
+        self._load_model_and_optimizer(state["model"], state["optimizer"])
+        self.load_run_state(state)
+
+    def check_compatible(self, state: dict[str, Any]) -> None:
+        """A ValueError unless ``state`` is a checkpoint of this model in this precision."""
         if state.get("format") != "tutorial_lib.checkpoint/1":
             raise ValueError("Not a tutorial_lib checkpoint (missing or unknown 'format').")
         if state["model_config"] != dataclasses.asdict(self.model.config):
@@ -420,7 +434,9 @@ class Trainer:
                 f"The checkpoint was trained in precision {saved!r}, this model is built for "
                 f"{self.recipe.precision!r}: resume with --precision {saved}, or start again."
             )
-        self._load_model_and_optimizer(state["model"], state["optimizer"])
+
+    def load_run_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``run_state`` saved (the model and optimizer are loaded apart)."""
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = state["step"]

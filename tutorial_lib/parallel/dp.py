@@ -55,6 +55,7 @@ __all__ = [
     "local_rows",
     "memory_per_rank",
     "shard_with_fsdp",
+    "zero_bytes_per_rank",
 ]
 
 DP_MODES = ("ddp", "fsdp")
@@ -211,6 +212,32 @@ class DPTrainer(Trainer):
         dist.barrier(group=self.group)  # the file exists for every rank once save returns
         self.last_checkpoint = Path(path)
         return self.last_checkpoint
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def zero_bytes_per_rank(
+    n_params: int,
+    dp: int,
+    stage: int,
+    param_bytes: int = 4,
+    grad_bytes: int = 4,
+    optim_bytes: int = 8,
+) -> tuple[float, float, float]:
+    """ZeRO's model (Rajbhandari et al., 2020) of the bytes one of ``dp`` ranks holds for
+    (parameters, gradients, optimizer state) of a model with ``n_params`` parameters: stage 0
+    (DDP) replicates all three; stage 1 shards the optimizer state over the ranks; stage 2 the
+    gradients too; stage 3 (FSDP) the parameters too. Defaults: FP32 parameters and gradients,
+    AdamW's two FP32 moments. Activations and temporary buffers (DDP's gradient buckets, FSDP's
+    gathered block) are not in it."""
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"ZeRO stage must be one of {ZERO_STAGES}, got {stage!r}.")
+    if dp < 1 or n_params < 0:
+        raise ValueError(f"Need dp >= 1 and n_params >= 0, got dp={dp}, n_params={n_params}.")
+    full = (n_params * param_bytes, n_params * grad_bytes, n_params * optim_bytes)
+    sharded = (stage >= 3, stage >= 2, stage >= 1)
+    return tuple(b / dp if s else float(b) for b, s in zip(full, sharded, strict=True))  # type: ignore[return-value]
 
 
 def memory_per_rank(trainer: Trainer) -> dict[str, int]:

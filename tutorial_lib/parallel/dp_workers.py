@@ -4,19 +4,23 @@ Importable by name, as ``spawn`` needs; results are small (histories and byte co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..build import build_model
 from ..config import GPTConfig
 from ..data import TokenData
 from ..train import TrainConfig
+from .comm import Group
+from .dcp import load_sharded, save_sharded
 from .dp import DPTrainer, memory_per_rank
 
-__all__ = ["DPRun", "dp_train", "dp_train_worker"]
+__all__ = ["DPRun", "dp_train", "dp_train_worker", "dp_layouts_worker"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,8 @@ class DPRun:
 
     steps: train until this many steps in total; resume: a checkpoint to start from; save: where
     to write one at the end; measure: after training, one more forward and backward pass (no
-    step), then ``memory_per_rank`` with the gradients in place.
+    step), then ``memory_per_rank`` with the gradients in place; sharded: resume from and save
+    to ``parallel.dcp`` directories (every rank writes its shards) instead of one file.
     """
 
     model: GPTConfig
@@ -38,25 +43,54 @@ class DPRun:
     measure: bool = False
     param_dtype: torch.dtype | None = None
     seed: int = 0
+    sharded: bool = False  # resume/save: a parallel.dcp directory instead of one file
 
 
 def dp_train_worker(rank: int, world_size: int, *runs: DPRun) -> list[dict[str, Any]]:
-    """Each run in turn (one spawn amortizes the processes' start-up over several runs)."""
+    """Each run in turn on all ranks (one spawn amortizes the start-up over several runs)."""
     return [dp_train(run) for run in runs]
 
 
-def dp_train(run: DPRun) -> dict[str, Any]:
+def dp_layouts_worker(
+    rank: int, world_size: int, jobs: Sequence[tuple[Sequence[int], DPRun]]
+) -> list[dict[str, Any] | None]:
+    """Each job ``(ranks, run)`` in turn on its ranks (None on the others): several data-parallel
+    degrees from one spawn. Every rank makes every group first, in the same order, as
+    ``dist.new_group`` requires; a rank outside a job's group skips it; all ranks wait for each
+    job to end before the next starts (it may resume what the last one saved)."""
+    groups = [dist.new_group(list(ranks)) for ranks, _ in jobs]
+    out = []
+    for (ranks, run), group in zip(jobs, groups, strict=True):
+        out.append(dp_train(run, group) if rank in ranks else None)
+        dist.barrier()  # a later job may read what this one wrote
+    return out
+
+
+def dp_train(run: DPRun, group: Group | None = None) -> dict[str, Any]:
     """Build the model (``build_model`` with ``run.seed``: the same weights on every rank), train
-    it under ``DPTrainer`` and return the history (and the memory, with ``run.measure``)."""
+    it under ``DPTrainer`` over ``group`` (default: all ranks) and return the history (and the
+    memory, with ``run.measure``)."""
     model = build_model(run.model, precision=run.train.precision, device="cpu", seed=run.seed)
     trainer = DPTrainer(
-        model, TokenData(*run.data), run.train, run.mode, device="cpu", param_dtype=run.param_dtype
+        model,
+        TokenData(*run.data),
+        run.train,
+        run.mode,
+        group=group,
+        device="cpu",
+        param_dtype=run.param_dtype,
     )
     if run.resume is not None:
-        trainer.resume(run.resume)
+        if run.sharded:
+            load_sharded(trainer, run.resume)
+        else:
+            trainer.resume(run.resume)
     history = trainer.train(run.steps)
     if run.save is not None:
-        trainer.save(Path(run.save))
+        if run.sharded:
+            save_sharded(trainer, run.save)
+        else:
+            trainer.save(Path(run.save))
     memory = None
     if run.measure:
         x, y = trainer._batch("train")
