@@ -206,6 +206,8 @@ def test_cli_dp_errors(tmp_path: Path, text_file: Path, capsys: Any, monkeypatch
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert main([*_cli(tmp_path, text_file), "--dp", "3"]) == 1
     assert "batch of 4 sequences does not split evenly over 3" in capsys.readouterr().err
+    assert main(_cli(tmp_path, text_file)) == 1  # 3 processes and no layout: dp 3
+    assert "batch of 4 sequences does not split evenly over 3" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -231,7 +231,7 @@ def test_not_implemented_deeper_down_is_a_failure_not_a_stub() -> None:
 
 
 def test_a_number_expected_and_a_tensor_returned() -> None:
-    msg = _fails("10.1", lambda n, k, f: torch.tensor(1.0))
+    msg = _fails("11.1", lambda n, k, f: torch.tensor(1.0))
     assert "expected a Python number" in msg and ".item()" in msg
 
 
@@ -336,6 +336,13 @@ def mfu_without_attention(cfg: Any, batch: int, seconds: float, peak: float) -> 
     return batch * cfg.block_size / seconds * 6 * n / peak  # no 12 L T C
 
 
+def zero_shards_only_at_stage_3(
+    n_params: int, dp: int, stage: int, pb: int = 4, gb: int = 4, ob: int = 8
+) -> tuple[float, float, float]:
+    split = dp if stage == 3 else 1  # forgets that stages 1 and 2 shard part of the state
+    return n_params * pb / split, n_params * gb / split, n_params * ob / split
+
+
 def column_parallel_remainder_last(
     x: torch.Tensor, linear: nn.Linear, t: int
 ) -> list[torch.Tensor]:
@@ -378,10 +385,15 @@ WRONG = [
     ("8.1", mfu_without_attention, r"case 1 of 4: gpt2-124m.*\n  result: wrong value: expected"),
     (
         "9.1",
+        zero_shards_only_at_stage_3,
+        r"case 2 of 7: GPT-2 small, dp 8, stage 1.*\n  optimizer: wrong value: expected",
+    ),
+    (
+        "10.1",
         column_parallel_remainder_last,
         r"result\[0\]: wrong shape: expected \(2, 3, 4\), got \(2, 3, 3\)",
     ),
-    ("10.1", survival_binomial, r"case 1 of 7.*\n  result: wrong value: expected"),
+    ("11.1", survival_binomial, r"case 1 of 7.*\n  result: wrong value: expected"),
 ]
 
 

@@ -104,7 +104,7 @@ def test_the_committed_record_has_every_chapter_within_budget(bench: ModuleType)
 
 def test_the_cold_cache_record_stays_within_the_hard_limit() -> None:
     """The first run on a fresh clone (cold Inductor cache, compiling dominates chapters 7 and
-    7): every chapter passed within make test's 180 s per-notebook limit."""
+    8): every chapter passed within make test's 180 s per-notebook limit."""
     newest = _newest("notebook_times_cold")
     assert newest["meta"]["inductor_cache"] == "cold"
     makefile = (ROOT / "Makefile").read_text()

@@ -1,4 +1,4 @@
-"""Tests for tutorial_lib.cluster.explore: the chapter 10 plan explorer."""
+"""Tests for tutorial_lib.cluster.explore: the chapter 11 plan explorer."""
 
 from __future__ import annotations
 

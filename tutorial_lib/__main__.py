@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -204,6 +205,9 @@ def _train(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     data = make_data(model_cfg.block_size, path=args.data, seed=args.seed)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and args.dp == 1 and args.tp == 1:
+        args.dp = world  # torchrun with N processes and no layout: data parallelism over all N
     if args.dp > 1 and args.tp > 1:
         raise ValueError(
             "--dp and --tp together (2D parallelism) are not supported yet: use one of them."

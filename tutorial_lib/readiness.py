@@ -208,7 +208,7 @@ def _check_ram(m: Machine) -> Check:
         MIN_RAM_BYTES,
         "total",
         "could not read the total memory",
-        "use a machine with 8 GB or more (chapter 9 starts 7 processes, each importing PyTorch)",
+        "use a machine with 8 GB or more (chapter 10 starts 7 processes, each importing PyTorch)",
     )
 
 

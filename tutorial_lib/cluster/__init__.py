@@ -20,7 +20,7 @@ Failures and plans
     ``plans``: ``plan_cluster`` -> ``ClusterPlan`` (its docstring lists the modelling assumptions).
     ``monte_carlo``: throughput and availability over random failures; spare domains.
     ``reproduce`` and ``report``: the NTP paper's experiments (``ntp-reproduce``).
-    ``explore``: chapter 10's plan explorer (matplotlib; imported on its own, not here).
+    ``explore``: chapter 11's plan explorer (matplotlib; imported on its own, not here).
 """
 
 from .cost_terms import (

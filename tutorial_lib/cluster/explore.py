@@ -1,4 +1,4 @@
-"""An explorer for chapter 10: pick a cluster, a TP degree, a failed fraction and a policy, and
+"""An explorer for chapter 11: pick a cluster, a TP degree, a failed fraction and a policy, and
 see the plan ``plans.plan_cluster`` makes and the throughput it keeps.
 
 ``explore_plan`` is the plain function (a summary dict and a figure, fine for a static page);

@@ -1,4 +1,4 @@
-"""Chapter 9's figure of the TP ridge with a ring all-reduce and with NVLink SHARP (NVLS).
+"""Chapter 10's figure of the TP ridge with a ring all-reduce and with NVLink SHARP (NVLS).
 
 Matplotlib lives here, not in ``tp_traffic`` (the cluster package stays numpy-only); like
 ``explore``, this module is imported on its own, not by ``cluster/__init__``.

@@ -11,7 +11,7 @@ In a notebook::
   ``get_exercise``, ``stub``);
 - ``base``: ``Exercise`` (title, signature, task, stub, cases, reference) and tolerances;
 - ``compare``: what is wrong with a result, in a sentence;
-- ``ch01`` .. ``ch10``: one file per chapter, holding its exercises;
+- ``ch01`` .. ``ch11``: one file per chapter, holding its exercises;
 - ``solutions``: worked solutions (``solution``, ``solution_source``), kept apart so that reading
   a chapter's checker does not give the answer away.
 """

@@ -1,97 +1,85 @@
-"""Exercise 9.1: a column-parallel linear layer over t simulated ranks (uneven splits allowed),
-checked against ``parallel.tp.ColumnParallelLinear`` holding the shards of ``split_evenly``."""
+"""Exercise 9.1: ZeRO's memory model, what one data-parallel rank holds at each stage, checked
+against ``parallel.dp.zero_bytes_per_rank`` (which chapter 9 compares with measured DDP and FSDP2
+runs)."""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from ..parallel.shard import UnitSpec, split_evenly
-from ..parallel.tp import ColumnParallelLinear
+from ..parallel.dp import zero_bytes_per_rank
 from .base import Case, Exercise
 
 STUB = '''\
-import torch
-from torch import nn
+def bytes_per_rank(
+    n_params: int,
+    dp: int,
+    stage: int,
+    param_bytes: int = 4,
+    grad_bytes: int = 4,
+    optim_bytes: int = 8,
+) -> tuple[float, float, float]:
+    """Bytes one of dp data-parallel ranks holds, per ZeRO stage.
 
-
-def column_parallel_forward(
-    x: torch.Tensor, linear: nn.Linear, t: int
-) -> list[torch.Tensor]:
-    """A column-parallel linear on t ranks, simulated in one process.
-
-    x: (..., in_features); linear: the full nn.Linear; t: ranks.
-    Rank r holds a contiguous block of the output rows of
-    linear.weight (and of linear.bias, if any); the first
-    out_features % t ranks hold one row more than the others.
-    Returns the t ranks' outputs, in rank order: rank r's is
-    x @ W_r.T + b_r, shape (..., rows of rank r).
+    A model of n_params parameters keeps param_bytes per parameter
+    for its weights, grad_bytes for its gradients and optim_bytes
+    for the optimizer state (AdamW in FP32: two moments, 8 bytes).
+      stage 0 (DDP): every rank holds all three in full;
+      stage 1: the optimizer state is split evenly over the ranks;
+      stage 2: the gradients are split too;
+      stage 3 (FSDP): the parameters are split too.
+    Returns (parameters, gradients, optimizer) in bytes, as floats
+    (a split part is total / dp).
     """
     raise NotImplementedError
 '''
 
 TASK = (
-    "In a column-parallel layer each rank holds some output rows of the weight and computes "
-    "only its part of the output; concatenated along the last dimension the parts are "
-    "`linear(x)`. Split the `out_features` rows into `t` contiguous blocks whose sizes differ by "
-    "at most one (the first `out_features % t` ranks get the extra row), slice each rank's "
-    "weight and bias, and return the list of the `t` partial outputs. No communication is "
-    "needed in the forward pass: the input is already on every rank."
+    "ZeRO (and FSDP) save memory by splitting what every data-parallel rank would otherwise "
+    "hold in full. Write the model of one rank's bytes: a model of `n_params` parameters keeps "
+    "`param_bytes` per parameter for its weights, `grad_bytes` for its gradients and "
+    "`optim_bytes` for its optimizer state; stage 0 (DDP) replicates all three, stage 1 splits "
+    "the optimizer state evenly over the `dp` ranks, stage 2 the gradients too, stage 3 (FSDP) "
+    "the parameters too. Return the three byte counts as floats."
 )
 
 
 def _cases() -> list[Case]:
-    g = torch.Generator().manual_seed(808)
-    out = []
-    # (x shape, out_features, t, bias)
-    for shape, n_out, t, bias in [
-        ((2, 3, 8), 10, 3, True),
-        ((4, 5), 7, 7, True),
-        ((6,), 12, 4, False),
-        ((1, 2, 9), 13, 5, True),
-        ((3, 4), 6, 1, True),
-    ]:
-        linear = nn.Linear(shape[-1], n_out, bias=bias)
-        with torch.no_grad():
-            linear.weight.copy_(torch.randn(linear.weight.shape, generator=g))
-            if linear.bias is not None:
-                linear.bias.copy_(torch.randn(n_out, generator=g))
-        x = torch.randn(shape, generator=g)
-        sizes = [len(u) for u in split_evenly(n_out, t)]
-        label = f"x {shape}, {n_out} outputs over t = {t} ranks (rows {sizes})"
-        out.append(Case(label + ("" if bias else ", no bias"), {"x": x, "linear": linear, "t": t}))
-    return out
-
-
-def _reference(x: torch.Tensor, linear: nn.Linear, t: int) -> list[torch.Tensor]:
-    spec = UnitSpec("ffn", dim=0, groups=1, width=1)  # one unit per output row
-    n_out = linear.out_features
-    outputs = []
-    for units in split_evenly(n_out, t):
-        rank = ColumnParallelLinear(
-            linear.in_features, n_out, linear.bias is not None, None, spec, units, n_out
+    gpt2 = 124_439_808  # GPT-2 small, tied embeddings
+    cases = [
+        Case(f"GPT-2 small, dp 8, stage {s}", {"n_params": gpt2, "dp": 8, "stage": s})
+        for s in (0, 1, 2, 3)
+    ]
+    cases.append(
+        Case(
+            "7B parameters, dp 64, stage 3, BF16 weights and gradients, "
+            "FP32 master weights and moments in the optimizer (12 B)",
+            {
+                "n_params": 7_000_000_000,
+                "dp": 64,
+                "stage": 3,
+                "param_bytes": 2,
+                "grad_bytes": 2,
+                "optim_bytes": 12,
+            },
         )
-        with torch.no_grad():
-            rank.weight.copy_(linear.weight[rank.shard_index()])
-            if rank.bias is not None and linear.bias is not None:
-                rank.bias.copy_(linear.bias[rank.shard_index()])
-            outputs.append(rank(x))
-    return outputs
+    )
+    cases.append(Case("1001 parameters, dp 3, stage 2", {"n_params": 1001, "dp": 3, "stage": 2}))
+    cases.append(Case("one rank: nothing to split", {"n_params": 5000, "dp": 1, "stage": 3}))
+    return cases
 
 
 EXERCISES = [
     Exercise(
         id="9.1",
-        title="a column-parallel linear layer, uneven shards",
-        function="column_parallel_forward",
+        title="ZeRO's memory per data-parallel rank",
+        function="bytes_per_rank",
         signature=(
-            "column_parallel_forward(x: Tensor (..., in), linear: nn.Linear, t: int) "
-            "-> list[Tensor]"
+            "bytes_per_rank(n_params: int, dp: int, stage: int, param_bytes: int = 4, "
+            "grad_bytes: int = 4, optim_bytes: int = 8) -> tuple[float, float, float]"
         ),
         task=TASK,
         stub=STUB,
         cases=_cases,
-        reference=_reference,
-        reference_name="tutorial_lib.parallel.tp.ColumnParallelLinear (shards of split_evenly)",
+        reference=zero_bytes_per_rank,
+        reference_name="tutorial_lib.parallel.dp.zero_bytes_per_rank",
+        outputs=("parameters", "gradients", "optimizer"),
     )
 ]

@@ -1,64 +1,97 @@
-"""Exercise 10.1: the expected availability of a replica under random failures, checked against
-``cluster.failures.expected_replica_availability``."""
+"""Exercise 10.1: a column-parallel linear layer over t simulated ranks (uneven splits allowed),
+checked against ``parallel.tp.ColumnParallelLinear`` holding the shards of ``split_evenly``."""
 
 from __future__ import annotations
 
-from ..cluster.failures import expected_replica_availability
+import torch
+from torch import nn
+
+from ..parallel.shard import UnitSpec, split_evenly
+from ..parallel.tp import ColumnParallelLinear
 from .base import Case, Exercise
 
 STUB = '''\
-def replica_survival(
-    n_gpus: int, gpus_per_replica: int, n_failed: int
-) -> float:
-    """Probability that one replica of gpus_per_replica GPUs has no
-    failed GPU, when n_failed of the cluster's n_gpus GPUs have
-    failed, placed uniformly at random (no GPU twice).
+import torch
+from torch import nn
 
-    By linearity this is also the expected fraction of replicas that
-    can still train under uniform tensor parallelism.
+
+def column_parallel_forward(
+    x: torch.Tensor, linear: nn.Linear, t: int
+) -> list[torch.Tensor]:
+    """A column-parallel linear on t ranks, simulated in one process.
+
+    x: (..., in_features); linear: the full nn.Linear; t: ranks.
+    Rank r holds a contiguous block of the output rows of
+    linear.weight (and of linear.bias, if any); the first
+    out_features % t ranks hold one row more than the others.
+    Returns the t ranks' outputs, in rank order: rank r's is
+    x @ W_r.T + b_r, shape (..., rows of rank r).
     """
     raise NotImplementedError
 '''
 
 TASK = (
-    "With uniform tensor parallelism a replica is out as soon as one of its GPUs fails. Place "
-    "`n_failed` failures uniformly at random on distinct GPUs of the cluster and compute the "
-    "chance that a given replica of k = `gpus_per_replica` GPUs avoids all of them: the "
-    "number of ways to put every failure outside the replica over the number of ways to put "
-    "them anywhere. (For few failures it is close to (1 - p)^k with p = n_failed / n_gpus; "
-    "the check wants the exact count.)"
+    "In a column-parallel layer each rank holds some output rows of the weight and computes "
+    "only its part of the output; concatenated along the last dimension the parts are "
+    "`linear(x)`. Split the `out_features` rows into `t` contiguous blocks whose sizes differ by "
+    "at most one (the first `out_features % t` ranks get the extra row), slice each rank's "
+    "weight and bias, and return the list of the `t` partial outputs. No communication is "
+    "needed in the forward pass: the input is already on every rank."
 )
 
 
 def _cases() -> list[Case]:
-    rows = [
-        (16384, 8, 32, "Llama 3 scale, TP 8, 32 GPUs down"),
-        (16384, 64, 160, "TP 64, 1% of GPUs down"),
-        (72, 72, 1, "one NVL72 domain as one replica, one failure"),
-        (1000, 1, 999, "a one-GPU replica, all but one GPU down"),
-        (8, 8, 0, "no failures"),
-        (8, 4, 5, "more failures than GPUs outside the replica"),
-        (4608, 36, 23, "odd numbers"),
-    ]
-    return [
-        Case(
-            f"{what}: n_gpus {n}, gpus_per_replica {k}, n_failed {f}",
-            {"n_gpus": n, "gpus_per_replica": k, "n_failed": f},
+    g = torch.Generator().manual_seed(808)
+    out = []
+    # (x shape, out_features, t, bias)
+    for shape, n_out, t, bias in [
+        ((2, 3, 8), 10, 3, True),
+        ((4, 5), 7, 7, True),
+        ((6,), 12, 4, False),
+        ((1, 2, 9), 13, 5, True),
+        ((3, 4), 6, 1, True),
+    ]:
+        linear = nn.Linear(shape[-1], n_out, bias=bias)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(linear.weight.shape, generator=g))
+            if linear.bias is not None:
+                linear.bias.copy_(torch.randn(n_out, generator=g))
+        x = torch.randn(shape, generator=g)
+        sizes = [len(u) for u in split_evenly(n_out, t)]
+        label = f"x {shape}, {n_out} outputs over t = {t} ranks (rows {sizes})"
+        out.append(Case(label + ("" if bias else ", no bias"), {"x": x, "linear": linear, "t": t}))
+    return out
+
+
+def _reference(x: torch.Tensor, linear: nn.Linear, t: int) -> list[torch.Tensor]:
+    spec = UnitSpec("ffn", dim=0, groups=1, width=1)  # one unit per output row
+    n_out = linear.out_features
+    outputs = []
+    for units in split_evenly(n_out, t):
+        rank = ColumnParallelLinear(
+            linear.in_features, n_out, linear.bias is not None, None, spec, units, n_out
         )
-        for n, k, f, what in rows
-    ]
+        with torch.no_grad():
+            rank.weight.copy_(linear.weight[rank.shard_index()])
+            if rank.bias is not None and linear.bias is not None:
+                rank.bias.copy_(linear.bias[rank.shard_index()])
+            outputs.append(rank(x))
+    return outputs
 
 
 EXERCISES = [
     Exercise(
         id="10.1",
-        title="how likely a replica survives random failures",
-        function="replica_survival",
-        signature="replica_survival(n_gpus: int, gpus_per_replica: int, n_failed: int) -> float",
+        title="a column-parallel linear layer, uneven shards",
+        function="column_parallel_forward",
+        signature=(
+            "column_parallel_forward(x: Tensor (..., in), linear: nn.Linear, t: int) "
+            "-> list[Tensor]"
+        ),
         task=TASK,
         stub=STUB,
         cases=_cases,
-        reference=expected_replica_availability,
-        reference_name="tutorial_lib.cluster.failures.expected_replica_availability",
+        reference=_reference,
+        reference_name="tutorial_lib.parallel.tp.ColumnParallelLinear (shards of split_evenly)",
     )
 ]

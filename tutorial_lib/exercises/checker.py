@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from . import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10
+from . import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11
 from .base import Case, Exercise
 from .compare import changed_inputs, compare
 
@@ -42,7 +42,7 @@ __all__ = [
 
 REGISTRY: dict[str, Exercise] = {
     ex.id: ex
-    for module in (ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10)
+    for module in (ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11)
     for ex in module.EXERCISES
 }
 

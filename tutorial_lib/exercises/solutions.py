@@ -156,7 +156,30 @@ def mfu_from_step(
     return tokens_per_s * flops_per_token / peak_flops
 
 
-# Exercise 9.1: a column-parallel linear layer, uneven shards
+# Exercise 9.1: ZeRO's memory per data-parallel rank
+def bytes_per_rank(
+    n_params: int,
+    dp: int,
+    stage: int,
+    param_bytes: int = 4,
+    grad_bytes: int = 4,
+    optim_bytes: int = 8,
+) -> tuple[float, float, float]:
+    full = (
+        n_params * param_bytes,
+        n_params * grad_bytes,
+        n_params * optim_bytes,
+    )
+    # which of the three are split over the ranks at this stage
+    split = (stage >= 3, stage >= 2, stage >= 1)
+    held = []
+    for total, is_split in zip(full, split, strict=True):
+        held.append(total / dp if is_split else float(total))
+    params, grads, optim = held
+    return params, grads, optim
+
+
+# Exercise 10.1: a column-parallel linear layer, uneven shards
 def column_parallel_forward(
     x: torch.Tensor,
     linear: nn.Linear,
@@ -173,7 +196,7 @@ def column_parallel_forward(
     return outputs
 
 
-# Exercise 10.1: how likely a replica survives random failures
+# Exercise 11.1: how likely a replica survives random failures
 def replica_survival(
     n_gpus: int,
     gpus_per_replica: int,
@@ -195,8 +218,9 @@ _SOLUTIONS: dict[str, Callable[..., Any]] = {
     "6.1": block_quantize_1x128,
     "7.1": fused_bias_gelu,
     "8.1": mfu_from_step,
-    "9.1": column_parallel_forward,
-    "10.1": replica_survival,
+    "9.1": bytes_per_rank,
+    "10.1": column_parallel_forward,
+    "11.1": replica_survival,
 }
 
 
