@@ -111,6 +111,27 @@ def tiny_data(data_factory: Callable[..., TokenData]) -> TokenData:
     return data_factory()
 
 
+def cli_train_args(out: Path, data: Path) -> list[str]:
+    """``train`` on the CLI at the ci preset: 3 steps, batch 4, ``data`` as the corpus, on the
+    CPU, no progress bar (the multi-process CLI tests compare such runs with one process)."""
+    return [
+        "train",
+        "--preset",
+        "ci",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
+
+
 @pytest.fixture
 def text_file(tmp_path: Path, corpus: bytes) -> Path:
     """A ~50 KB text file for the CLI's ``--data``."""

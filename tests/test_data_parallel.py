@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import cli_train_args
 
 from tutorial_lib.__main__ import main
 from tutorial_lib.build import build_model
@@ -178,35 +179,16 @@ def test_a_batch_that_does_not_split_is_refused_with_the_fix() -> None:
         DPTrainer(model, TokenData(*_data()), _cfg("fp32"), "ddp", param_dtype=torch.bfloat16)
 
 
-def _cli(out: Path, text_file: Path) -> list[str]:
-    return [
-        "train",
-        "--preset",
-        "ci",
-        "--steps",
-        "3",
-        "--batch-size",
-        "4",
-        "--data",
-        str(text_file),
-        "--out",
-        str(out),
-        "--device",
-        "cpu",
-        "--no-progress",
-    ]
-
-
 def test_cli_dp_errors(tmp_path: Path, text_file: Path, capsys: Any, monkeypatch: Any) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert main([*_cli(tmp_path, text_file), "--dp", "2"]) == 1
+    assert main([*cli_train_args(tmp_path, text_file), "--dp", "2"]) == 1
     assert "--dp 2 needs 2 processes, but WORLD_SIZE is 1" in capsys.readouterr().err
-    assert main([*_cli(tmp_path, text_file), "--dp", "2", "--tp", "2"]) == 1
+    assert main([*cli_train_args(tmp_path, text_file), "--dp", "2", "--tp", "2"]) == 1
     assert "--dp and --tp together" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "3")
-    assert main([*_cli(tmp_path, text_file), "--dp", "3"]) == 1
+    assert main([*cli_train_args(tmp_path, text_file), "--dp", "3"]) == 1
     assert "batch of 4 sequences does not split evenly over 3" in capsys.readouterr().err
-    assert main(_cli(tmp_path, text_file)) == 1  # 3 processes and no layout: dp 3
+    assert main(cli_train_args(tmp_path, text_file)) == 1  # 3 processes and no layout: dp 3
     assert "batch of 4 sequences does not split evenly over 3" in capsys.readouterr().err
 
 
@@ -216,10 +198,10 @@ def test_cli_trains_data_parallel_under_torchrun(tmp_path: Path, text_file: Path
     checkpoint, which a single process resumes."""
     env = {**os.environ, "TUTORIAL_PRESET": "ci", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["-m", "tutorial_lib", *_cli(tmp_path / "dp", text_file), "--dp", "2"]
+    cmd += ["-m", "tutorial_lib", *cli_train_args(tmp_path / "dp", text_file), "--dp", "2"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("wrote") == 1  # one report, from rank 0
-    assert main(_cli(tmp_path / "single", text_file)) == 0
+    assert main(cli_train_args(tmp_path / "single", text_file)) == 0
     dp, single = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("dp", "single"))
     assert _losses(dp) == pytest.approx(_losses(single), rel=1e-5)

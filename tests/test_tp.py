@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import cli_train_args
 from filelock import FileLock
 from torch import nn
 
@@ -377,30 +378,11 @@ def test_init_from_env_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ---- the command line under torchrun ------------------------------------------------------
-def _cli_args(out: Path, data: Path) -> list[str]:
-    return [
-        "train",
-        "--preset",
-        "ci",
-        "--steps",
-        "3",
-        "--batch-size",
-        "4",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--no-progress",
-        "--device",
-        "cpu",
-    ]
-
-
 def test_cli_tp_without_torchrun(
     tmp_path: Path, text_file: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert main([*_cli_args(tmp_path, text_file), "--tp", "2"]) == 1
+    assert main([*cli_train_args(tmp_path, text_file), "--tp", "2"]) == 1
     assert "--tp 2 needs 2 processes, but WORLD_SIZE is 1" in capsys.readouterr().err
 
 
@@ -416,14 +398,14 @@ def test_cli_trains_tensor_parallel_under_torchrun(tmp_path: Path, text_file: Pa
         "2",
         "-m",
         "tutorial_lib",
-        *_cli_args(tmp_path / "tp", text_file),
+        *cli_train_args(tmp_path / "tp", text_file),
         "--tp",
         "2",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("wrote") == 1  # one report, from rank 0
-    assert main(_cli_args(tmp_path / "single", text_file)) == 0
+    assert main(cli_train_args(tmp_path / "single", text_file)) == 0
     tp, single = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("tp", "single"))
     for a, b in zip(tp, single, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)

@@ -32,7 +32,6 @@ state, read from the tensors themselves (a DTensor's local shard).
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -273,18 +272,10 @@ def data_parallel_trainer(
     """Under torchrun with ``dp`` processes: join the group, build the model (the same weights on
     every rank: ``build_model(..., seed=seed)``) and return this rank's ``DPTrainer``
     (``python -m tutorial_lib train --dp N``). Build ``data`` with the same seed everywhere."""
-    from .launch import init_from_env
+    from .launch import join_torchrun
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != dp:
-        raise ValueError(
-            f"--dp {dp} needs {dp} processes, but WORLD_SIZE is {world}: run "
-            f"python -m torch.distributed.run --nproc-per-node {dp} -m tutorial_lib train "
-            f"--dp {dp} ..."
-        )
     local_rows(cfg.batch_size, dp, 0)  # a batch that does not split: the error, before starting
-    cpu = device is not None and torch.device(device).type == "cpu"
-    env = init_from_env("gloo" if cpu else None)
+    env = join_torchrun("--dp", dp, device)
     dev = device or env.device
     model = build_model(model_cfg, precision=cfg.precision, device=dev, seed=seed)
     return DPTrainer(model, data, cfg, mode, device=dev, out_dir=out_dir)

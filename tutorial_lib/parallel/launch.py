@@ -45,6 +45,7 @@ __all__ = [
     "free_port",
     "DistEnv",
     "init_from_env",
+    "join_torchrun",
     "TPTrainer",
     "tensor_parallel_trainer",
 ]
@@ -269,6 +270,20 @@ def init_from_env(backend: str | None = None) -> DistEnv:
     return DistEnv(rank, world, local_rank, device, backend)
 
 
+def join_torchrun(flag: str, n: int, device: str | None) -> DistEnv:
+    """For ``train {flag} n`` under torchrun: check that torchrun started ``n`` processes, then
+    join their group (gloo when ``device`` is the CPU, else ``init_from_env``'s choice)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != n:
+        raise ValueError(
+            f"{flag} {n} needs {n} processes, but WORLD_SIZE is {world}: run "
+            f"python -m torch.distributed.run --nproc-per-node {n} -m tutorial_lib train "
+            f"{flag} {n} ..."
+        )
+    cpu = device is not None and torch.device(device).type == "cpu"
+    return init_from_env("gloo" if cpu else None)
+
+
 class TPTrainer(Trainer):
     """The ``Trainer`` of one tensor-parallel rank; every rank runs one, on the same batches.
 
@@ -340,15 +355,7 @@ def tensor_parallel_trainer(
     """Under torchrun with ``tp`` processes: join the group, build this rank's shards of the
     model (``build_model(..., tp=TPSpec(...), seed=seed)``: every rank starts from the same full
     weights) and return this rank's ``TPTrainer``. Build ``data`` with the same seed everywhere."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != tp:
-        raise ValueError(
-            f"--tp {tp} needs {tp} processes, but WORLD_SIZE is {world}: run "
-            f"python -m torch.distributed.run --nproc-per-node {tp} -m tutorial_lib train "
-            f"--tp {tp} ... (only tensor parallelism here, no data parallelism)."
-        )
-    cpu = device is not None and torch.device(device).type == "cpu"
-    env = init_from_env("gloo" if cpu else None)
+    env = join_torchrun("--tp", tp, device)
     shard_map = ShardMap.even(model_cfg, tp)
     group = dist.group.WORLD
     dev = device or env.device
