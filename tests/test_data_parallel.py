@@ -24,7 +24,7 @@ from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.parallel.dcp import load_sharded, save_sharded
 from tutorial_lib.parallel.dp import DPTrainer, local_rows
-from tutorial_lib.parallel.dp_workers import DPRun, dp_train_worker
+from tutorial_lib.parallel.dp_workers import DPRun, dp_refusals_worker, dp_train_worker
 from tutorial_lib.parallel.launch import spawn
 from tutorial_lib.train import TrainConfig, Trainer
 
@@ -34,8 +34,8 @@ STEPS = 4
 # FP32: the same sums in another order (a mean of per-rank means, an all-reduce); BF16 and FP8
 # round activations, so a different order of float32 sums moves a loss by a few 1e-5.
 REL = {"fp32": 1e-5, "bf16": 1e-4, "fp8": 1e-4}
-# Gradient norms: FP8 quantizes each rank's gradients with its own scales (grad_output's amax is
-# a rank's), so the norm moves by up to a few 1e-3 there.
+# Gradient norms: FP8 quantizes each rank's rows on their own (a rank's tensors, its part of the
+# amaxes, the other order of sums), so the norm moves by up to a few 1e-3 there.
 NORM_REL = {"fp32": 1e-4, "bf16": 1e-3, "fp8": 1e-2}
 
 
@@ -168,6 +168,20 @@ def _check_checkpoints_move_between_layouts(runs: dict[str, Any]) -> None:
     assert _losses(runs["ddp-resume-sharded"]["history"][2:]) == pytest.approx(ref[2:], rel=1e-6)
 
 
+def test_a_failed_write_and_fp8_on_a_subgroup_raise_on_every_rank() -> None:
+    run = DPRun(CFG, _data(), _cfg("fp32"), "ddp")
+    out = spawn(dp_refusals_worker, 2, run, timeout_s=120)
+    for rank in out:  # rank 1 raises too, instead of waiting for rank 0's file
+        assert (
+            rank["write"]
+            == "Rank 0 failed to write the checkpoint: OSError: disk full (on purpose)"
+        )
+    assert "FP8 ('fp8') on a data-parallel group of 1 of the 2 processes" in out[0]["fp8"]
+    model = build_model(CFG, device="cpu")
+    with pytest.raises(ValueError, match="'te-fp8' with FSDP2 is not supported yet"):
+        DPTrainer(model, TokenData(*_data()), _cfg("te-fp8"), "fsdp", group=object())  # type: ignore[arg-type]
+
+
 def test_a_batch_that_does_not_split_is_refused_with_the_fix() -> None:
     assert local_rows(8, 2, 1) == slice(4, 8)
     with pytest.raises(ValueError, match=r"batch of 6 .* over 4 .* multiple of 4"):
@@ -190,6 +204,8 @@ def test_cli_dp_errors(tmp_path: Path, text_file: Path, capsys: Any, monkeypatch
     assert "batch of 4 sequences does not split evenly over 3" in capsys.readouterr().err
     assert main(cli_train_args(tmp_path, text_file)) == 1  # 3 processes and no layout: dp 3
     assert "batch of 4 sequences does not split evenly over 3" in capsys.readouterr().err
+    assert main([*cli_train_args(tmp_path, text_file), "--dp", "1"]) == 1
+    assert "--dp 1 with 3 processes: each would train alone" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -51,6 +51,36 @@ def test_a_sharded_checkpoint_continues_the_run(tmp_path: Path) -> None:
         assert torch.equal(resumed[name], value), name
 
 
+def test_a_save_before_the_first_step_changes_nothing(tmp_path: Path) -> None:
+    """torch's get_state_dict creates missing optimizer state with an lr=0 step (AdamW's step
+    count 1); saving at step 0 must not change the run, nor resuming from that checkpoint."""
+    straight = _trainer()
+    straight.train()
+    saved = _trainer()
+    path = save_sharded(saved, tmp_path / "step0")
+    assert not saved.optimizer.state  # still lazy
+    saved.train()
+    resumed = _trainer(seed=1)
+    load_sharded(resumed, path)
+    assert not resumed.optimizer.state
+    resumed.train()
+    want = [r["loss"] for r in straight.history]
+    assert [r["loss"] for r in saved.history] == want
+    assert [r["loss"] for r in resumed.history] == want
+
+
+def test_a_shard_path_outside_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    path = save_sharded(_trainer(), tmp_path / "ckpt")
+    meta = path / "shards" / ".metadata"
+    metadata = pickle.loads(meta.read_bytes())
+    for bad in ("/etc/passwd", "../elsewhere.distcp"):
+        for info in metadata.storage_data.values():
+            info.relative_path = bad
+        meta.write_bytes(pickle.dumps(metadata))
+        with pytest.raises(CheckpointError, match="outside the checkpoint's directory"):
+            load_sharded(_trainer(), path)
+
+
 def test_a_missing_or_foreign_checkpoint_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="not a sharded checkpoint"):
         load_sharded(_trainer(), tmp_path)

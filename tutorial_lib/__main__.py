@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--dp",
         type=_positive_int,
-        default=1,
+        default=None,
         metavar="N",
         help="data-parallel degree (--batch-size is the global batch); torchrun --nproc-per-node N",
     )
@@ -206,8 +206,13 @@ def _train(args: argparse.Namespace) -> int:
     )
     data = make_data(model_cfg.block_size, path=args.data, seed=args.seed)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and args.dp == 1 and args.tp == 1:
-        args.dp = world  # torchrun with N processes and no layout: data parallelism over all N
+    if args.dp is None:  # torchrun with N processes and no TP: data parallelism over all N
+        args.dp = world if world > 1 and args.tp == 1 else 1
+    elif args.dp == 1 and args.tp == 1 and world > 1:
+        raise ValueError(
+            f"--dp 1 with {world} processes: each would train alone into the same --out. Drop "
+            f"--dp (all {world} processes then train together) or start one process."
+        )
     if args.dp > 1 and args.tp > 1:
         raise ValueError(
             "--dp and --tp together (2D parallelism) are not supported yet: use one of them."

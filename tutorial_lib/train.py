@@ -437,6 +437,8 @@ class Trainer:
 
     def load_run_state(self, state: dict[str, Any]) -> None:
         """Restore what ``run_state`` saved (the model and optimizer are loaded apart)."""
+        if state["step"] == 0:  # no step taken yet: AdamW creates its state at the first one
+            self.optimizer.state.clear()
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = state["step"]

@@ -448,6 +448,11 @@ def check_recipe_device(
 def _native_problem(recipe: object, native: NativeSupport) -> str | None:
     """Why our native kernel cannot run this recipe's settings (None: it can)."""
     cuda = _torch_cuda()
+    if native.min_cuda is not None and not hasattr(torch.nn.functional, "scaled_mm"):
+        return (
+            f"this torch ({torch.__version__}) has no torch.nn.functional.scaled_mm, which "
+            "the blockwise kernel is called through (torch 2.10 and later)"
+        )
     if native.min_cuda is not None and (cuda is None or cuda < native.min_cuda):
         need = ".".join(map(str, native.min_cuda))
         return f"this torch is built with CUDA {torch.version.cuda}, and the kernel needs {need}+"

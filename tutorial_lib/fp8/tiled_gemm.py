@@ -11,18 +11,21 @@ torch exposes it as ``torch.nn.functional.scaled_mm`` with ``ScalingType.BlockWi
     wgrad     dy_col (1x128) @ x_col (1x128)^T
 
 The operand layouts torch's kernel reads (its checks in ``aten/src/ATen/native/cuda/
-ScaledBlas.cpp``, ``_scaled_block1x128_block128x128`` and the two others):
+ScaledBlas.cpp``, ``_scaled_block1x128_block128x128`` and the two others; the function and
+``ScalingType`` exist from torch 2.10, which ``recipes.check_recipe_device`` checks):
     data      ``mat_a`` (M, K) row-major, ``mat_b`` (K, N) column-major (b's (N, K) transposed)
     1x128     float32 scales (rows, ceil(K/128)), *outer-dim-major*: strides (1, rows)
     128x128   float32 scales (ceil(rows/128), ceil(K/128)), the K dimension padded to a multiple
               of 4 and stored transposed: shape (round_up(ceil(K/128), 4), ceil(rows/128)),
               strides (1, round_up(ceil(K/128), 4)); the padding is never read
-``block_scale_operand`` builds them. Both operands must be E4M3 (the kernel's rule), every
-dimension a multiple of 16 (cuBLAS's FP8 rule, as in ``fp8.gemm``); a GEMM off that grid runs
-the emulation with a warning, like ``fp8.gemm.scaled_gemm``. The output is asked for in the
-GEMM's dtype (BF16 forward and dgrad, float32 wgrad; torch tests both); a bias is fused where
-the output is BF16 or FP16 (torch refuses a bias with float32 output) and added afterwards
-otherwise, in float32 as the emulation does.
+``block_scale_operand`` builds them. Both operands must be E4M3 (the kernel's rule), and here
+every dimension a multiple of 128: torch accepts partial tiles (multiples of 16), but its own GPU
+tests use whole ones, so until a GPU run checks partial tiles they take the emulation, with a
+warning, like ``fp8.gemm.scaled_gemm`` off its grid. The output is asked for in the GEMM's dtype
+(BF16 forward and dgrad, float32 wgrad; torch tests both). A bias is fused where the output is
+BF16 or FP16 (torch refuses a bias with float32 output): the kernel adds it, cast to that dtype,
+in its epilogue, one rounding more than the emulation's float32 bias; with float32 output it is
+added afterwards in float32, as the emulation does.
 
 This path is exercised on a CPU only through a fake of torch's kernel that applies its checks
 and the layouts' meaning (``tests/test_fp8_tiled_gemm.py``); ``benchmarks/fp8.py`` compares it
@@ -67,8 +70,11 @@ def native_block_problem(a: QuantizedTensor, b: QuantizedTensor) -> str | None:
     if a.tile == b.tile == (128, 128):
         return "two 128x128-tiled operands (no kernel multiplies them)"
     (m, k), n = as_matrix(a.data).shape, as_matrix(b.data).shape[0]
-    if any(d % 16 for d in (m, k, n)):
-        return f"a dimension of the ({m}, {k}) x ({k}, {n}) GEMM is not a multiple of 16"
+    if any(d % 128 for d in (m, k, n)):
+        return (
+            f"a dimension of the ({m}, {k}) x ({k}, {n}) GEMM is not a multiple of 128 (torch "
+            "accepts partial tiles, but only whole ones are tested on GPUs)"
+        )
     return None
 
 

@@ -4,8 +4,10 @@
 optimizer state (DCP's ``.distcp`` files plus a ``.metadata`` index that records each tensor's
 global shape and which file holds which piece); nothing is gathered on one rank. The rest of the
 run's state (``Trainer.run_state``: step, configs, schedule, sampler, RNG, history) goes into
-``directory/run.pt``, written by rank 0 with ``save_checkpoint``. The directory appears
-atomically: everything is written into a temporary sibling that rank 0 renames at the end.
+``directory/run.pt``, written by rank 0 with ``save_checkpoint``. Everything is written into a
+temporary sibling (``.tmp``) that rank 0 renames into place at the end, after moving the previous
+checkpoint aside (``.old``, deleted last), so a crash never leaves a half-written directory under
+the checkpoint's name. A failed write on rank 0 raises on every rank.
 
 ``load_sharded(trainer, directory)`` works at any layout: the trainer's own state dict (from
 ``get_state_dict``: DTensor shards under FSDP2, plain tensors in one process) says which pieces
@@ -42,6 +44,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..train import Trainer, keep_implementation
+from .dp import keep_lazy_state, on_rank0
 
 __all__ = ["SafeFileSystemReader", "SafeLoadPlanner", "load_sharded", "save_sharded"]
 
@@ -94,6 +97,13 @@ class SafeFileSystemReader(FileSystemReader):
             metadata = _MetadataUnpickler(stream).load()
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path} is not DCP metadata (got {type(metadata).__name__}).")
+        for info in (metadata.storage_data or {}).values():
+            where = Path(str(getattr(info, "relative_path", "")))
+            if where.is_absolute() or ".." in where.parts or len(where.parts) != 1:
+                raise CheckpointError(
+                    f"{path} points a shard at {str(where)!r}, outside the checkpoint's "
+                    "directory; refusing to read it."
+                )
         storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
         storage_meta.load_id = self.load_id
         metadata.storage_meta = storage_meta
@@ -131,23 +141,28 @@ def _group(trainer: Trainer) -> Any:
     return getattr(trainer, "group", None) if dist.is_initialized() else None
 
 
-def _rank0(group: Any) -> bool:
-    return not dist.is_initialized() or dist.get_rank(group) == 0
-
-
-def _barrier(group: Any) -> None:
+def _on_rank0(group: Any, write: Any) -> None:
+    """``write()`` on rank 0 of the group (``dp.on_rank0``: a failure raises on every rank); in
+    one process, just ``write()``."""
     if dist.is_initialized():
-        dist.barrier(group=group)
+        on_rank0(group if group is not None else dist.group.WORLD, write)
+    else:
+        write()
 
 
 def save_sharded(trainer: Trainer, directory: str | Path) -> Path:
     """Write ``trainer``'s checkpoint as ``directory`` (module docstring); every rank calls it."""
     directory, group = Path(directory), _group(trainer)
     tmp = directory.with_name(directory.name + ".tmp")
-    if _rank0(group) and tmp.exists():
-        shutil.rmtree(tmp)  # a save that died halfway
-    _barrier(group)
-    model, optim = get_state_dict(trainer.model, trainer.optimizer)
+    old = directory.with_name(directory.name + ".old")
+
+    def clear_tmp() -> None:
+        if tmp.exists():
+            shutil.rmtree(tmp)  # a save that died halfway
+
+    _on_rank0(group, clear_tmp)
+    with keep_lazy_state(trainer.optimizer):
+        model, optim = get_state_dict(trainer.model, trainer.optimizer)
     with _single_process_is_intended():
         dcp.save(
             {"model": model, "optim": optim},
@@ -155,12 +170,19 @@ def save_sharded(trainer: Trainer, directory: str | Path) -> Path:
             process_group=group,
             no_dist=not dist.is_initialized(),
         )
-    if _rank0(group):
-        save_checkpoint(tmp / RUN_FILE, trainer.run_state())
+    run_state = trainer.run_state()
+
+    def publish() -> None:
+        save_checkpoint(tmp / RUN_FILE, run_state)
+        # the previous checkpoint moves aside first and goes only once the new one is in place
+        if old.exists():
+            shutil.rmtree(old)
         if directory.exists():
-            shutil.rmtree(directory)
+            os.replace(directory, old)
         os.replace(tmp, directory)
-    _barrier(group)
+        shutil.rmtree(old, ignore_errors=True)
+
+    _on_rank0(group, publish)
     trainer.last_checkpoint = directory
     return directory
 
@@ -177,7 +199,8 @@ def load_sharded(trainer: Trainer, directory: str | Path) -> None:
     trainer.check_compatible(run)
     reader = SafeFileSystemReader(directory / SHARDS)
     reader.read_metadata()  # a refused metadata file raises here, before DCP wraps the error
-    model, optim = get_state_dict(trainer.model, trainer.optimizer)  # the pieces this rank needs
+    with keep_lazy_state(trainer.optimizer):  # (load_run_state clears it again at step 0)
+        model, optim = get_state_dict(trainer.model, trainer.optimizer)  # this rank's pieces
     state: dict[str, Any] = {"model": model, "optim": optim}
     with _single_process_is_intended():
         dcp.load(

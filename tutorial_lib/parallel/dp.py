@@ -14,7 +14,8 @@
 draws the same global batch (the data generator is seeded alike everywhere) and takes rows
 ``[r * B/dp, (r + 1) * B/dp)``, so a dp run sees exactly the batches of one process with the same
 seed, and its mean loss and gradients are the single process's, up to float rounding (tested:
-``tests/test_data_parallel.py``). The logged loss is averaged over the ranks.
+``tests/test_data_parallel.py``), as long as the model has no dropout (every rank draws the same
+dropout masks, on different rows). The logged loss is averaged over the ranks.
 
 Checkpoints hold the full model and the optimizer state in the single-process format (FSDP2's
 shards gathered with ``torch.distributed.checkpoint.state_dict``'s full state dicts, the
@@ -31,7 +32,9 @@ state, read from the tensors themselves (a DTensor's local shard).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,7 @@ from ..build import build_model
 from ..config import GPTConfig
 from ..data import TokenData
 from ..model import GPT
+from ..precision import get_policy
 from ..train import TrainConfig, Trainer, keep_implementation, save_checkpoint
 from .comm import Group, group_rank
 
@@ -51,8 +55,10 @@ __all__ = [
     "DP_MODES",
     "DPTrainer",
     "data_parallel_trainer",
+    "keep_lazy_state",
     "local_rows",
     "memory_per_rank",
+    "on_rank0",
     "shard_with_fsdp",
     "zero_bytes_per_rank",
 ]
@@ -92,6 +98,26 @@ def shard_with_fsdp(
     return model
 
 
+def _check_precision(precision: str, mode: str, dp: int | None) -> None:
+    """Refuse what this trainer cannot do right yet (each with the reason); ``dp`` None: only
+    what does not need the process group."""
+    if precision.startswith("te-") and mode == "fsdp":
+        raise ValueError(
+            f"{precision!r} with FSDP2 is not supported yet: the full-state checkpoint would "
+            "hold Transformer Engine's pickled FP8 state, which this package refuses to load. "
+            "Use --dp-mode ddp, or our own FP8 precisions (fp8, fp8-current, ...)."
+        )
+    if dp is None:
+        return
+    fp8 = get_policy(precision).prepare_model is not None
+    if fp8 and dp != dist.get_world_size():
+        raise ValueError(
+            f"FP8 ({precision!r}) on a data-parallel group of {dp} of the "
+            f"{dist.get_world_size()} processes is not supported yet: the FP8 amax reduction "
+            "spans every process, so the others would have to join it. Train on all of them."
+        )
+
+
 class DPTrainer(Trainer):
     """The ``Trainer`` of one data-parallel rank (module docstring).
 
@@ -114,8 +140,10 @@ class DPTrainer(Trainer):
             raise ValueError(f"Unknown data-parallel mode {mode!r}; choose one of {DP_MODES}.")
         if param_dtype is not None and mode != "fsdp":
             raise ValueError("param_dtype is FSDP2's MixedPrecisionPolicy: use mode='fsdp'.")
+        _check_precision(cfg.precision, mode, None)
         self.group = group if group is not None else dist.group.WORLD
         self.mode, self.dp = mode, dist.get_world_size(self.group)
+        _check_precision(cfg.precision, mode, self.dp)
         self.dp_rank = group_rank(self.group)
         self._rows = local_rows(cfg.batch_size, self.dp, self.dp_rank)
         if self.dp_rank != 0:
@@ -167,9 +195,10 @@ class DPTrainer(Trainer):
 
             full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 holds it
             state["model"] = get_model_state_dict(self.model, options=full)
-            optim: dict[str, Any] = dict(
-                get_optimizer_state_dict(self.model, self.optimizer, options=full)
-            )
+            with keep_lazy_state(self.optimizer):
+                optim: dict[str, Any] = dict(
+                    get_optimizer_state_dict(self.model, self.optimizer, options=full)
+                )
             index = {name: i for i, name in enumerate(self._param_order())}
             state["optimizer"] = {
                 "state": {index[k]: v for k, v in optim.get("state", {}).items()},
@@ -206,9 +235,7 @@ class DPTrainer(Trainer):
 
     def save(self, path: str | Path) -> Path:
         state = self.state_dict()  # every rank takes part in the gathers
-        if self.dp_rank == 0:
-            save_checkpoint(path, state)
-        dist.barrier(group=self.group)  # the file exists for every rank once save returns
+        on_rank0(self.group, lambda: save_checkpoint(path, state))  # then the file exists
         self.last_checkpoint = Path(path)
         return self.last_checkpoint
 
@@ -237,6 +264,33 @@ def zero_bytes_per_rank(
     full = (n_params * param_bytes, n_params * grad_bytes, n_params * optim_bytes)
     sharded = (stage >= 3, stage >= 2, stage >= 1)
     return tuple(b / dp if s else float(b) for b, s in zip(full, sharded, strict=True))  # type: ignore[return-value]
+
+
+def on_rank0(group: Group, write: Callable[[], object]) -> None:
+    """Run ``write`` on rank 0 of ``group`` while the others wait; if it raises, every rank
+    raises (a RuntimeError naming rank 0's error) instead of the others waiting forever."""
+    error = [None]
+    if group_rank(group) == 0:
+        try:
+            write()
+        except Exception as err:  # shared below, then raised on every rank
+            error[0] = f"{type(err).__name__}: {err}"  # type: ignore[call-overload]
+    dist.broadcast_object_list(error, src=dist.get_global_rank(group, 0), group=group)
+    if error[0] is not None:
+        raise RuntimeError(f"Rank 0 failed to write the checkpoint: {error[0]}")
+
+
+@contextlib.contextmanager
+def keep_lazy_state(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """torch's ``get_*state_dict`` creates the state of an optimizer that has none by running
+    an ``lr=0`` step (AdamW's step count becomes 1). Before the first step that would change
+    the run that is being saved; this puts the optimizer back to having no state."""
+    was_empty = not optimizer.state
+    try:
+        yield
+    finally:
+        if was_empty:
+            optimizer.state.clear()
 
 
 def memory_per_rank(trainer: Trainer) -> dict[str, int]:

@@ -4,6 +4,7 @@ Importable by name, as ``spawn`` needs; results are small (histories and byte co
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,9 @@ from ..data import TokenData
 from ..train import TrainConfig
 from .comm import Group
 from .dcp import load_sharded, save_sharded
-from .dp import DPTrainer, memory_per_rank
+from .dp import DPTrainer, memory_per_rank, on_rank0
 
-__all__ = ["DPRun", "dp_train", "dp_train_worker", "dp_layouts_worker"]
+__all__ = ["DPRun", "dp_train", "dp_train_worker", "dp_layouts_worker", "dp_refusals_worker"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +101,27 @@ def dp_train(run: DPRun, group: Group | None = None) -> dict[str, Any]:
         memory = memory_per_rank(trainer)
     rows = (trainer._rows.start, trainer._rows.stop)  # this rank's share of each global batch
     return {"history": history, "memory": memory, "rows": rows}
+
+
+def dp_refusals_worker(rank: int, world_size: int, run: DPRun) -> dict[str, str]:
+    """What goes wrong on purpose, on every rank: a checkpoint write that fails on rank 0 (every
+    rank must raise, not wait), and FP8 on a group of fewer than all processes (refused)."""
+    out = {}
+
+    def fails() -> None:
+        raise OSError("disk full (on purpose)")
+
+    try:
+        on_rank0(dist.group.WORLD, fails)
+    except RuntimeError as err:
+        out["write"] = str(err)
+    solo = dist.new_group([0])
+    if rank == 0:
+        model = build_model(run.model, precision="fp8", device="cpu", seed=run.seed)
+        fp8 = dataclasses.replace(run.train, precision="fp8")
+        try:
+            DPTrainer(model, TokenData(*run.data), fp8, "ddp", group=solo, device="cpu")
+        except ValueError as err:
+            out["fp8"] = str(err)
+    dist.barrier()
+    return out
