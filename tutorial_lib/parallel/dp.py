@@ -185,8 +185,10 @@ class DPTrainer(Trainer):
         return [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
 
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        if self.mode == "fsdp":
+        if self.mode == "ddp":  # every rank holds the full model and optimizer state
+            state = super().state_dict()
+        else:  # gathered below; run_state alone, not also the local shards
+            state = self.run_state()
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions,
                 get_model_state_dict,
