@@ -176,9 +176,9 @@ def test_a_failed_write_and_fp8_on_a_subgroup_raise_on_every_rank() -> None:
             rank["write"]
             == "Rank 0 failed to write the checkpoint: OSError: disk full (on purpose)"
         )
-    assert "FP8 ('fp8') on a data-parallel group of 1 of the 2 processes" in out[0]["fp8"]
+    assert "FP8 ('fp8') on 1 of the 2 processes is not supported yet" in out[0]["fp8"]
     model = build_model(CFG, device="cpu")
-    with pytest.raises(ValueError, match="'te-fp8' with FSDP2 is not supported yet"):
+    with pytest.raises(ValueError, match="Not supported: 'te-fp8' with FSDP2"):
         DPTrainer(model, TokenData(*_data()), _cfg("te-fp8"), "fsdp", group=object())  # type: ignore[arg-type]
 
 
@@ -198,7 +198,7 @@ def test_cli_dp_errors(tmp_path: Path, text_file: Path, capsys: Any, monkeypatch
     assert main([*cli_train_args(tmp_path, text_file), "--dp", "2"]) == 1
     assert "--dp 2 needs 2 processes, but WORLD_SIZE is 1" in capsys.readouterr().err
     assert main([*cli_train_args(tmp_path, text_file), "--dp", "2", "--tp", "2"]) == 1
-    assert "--dp and --tp together" in capsys.readouterr().err
+    assert "--dp 2 --tp 2 needs 4 processes, but WORLD_SIZE is 1" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert main([*cli_train_args(tmp_path, text_file), "--dp", "3"]) == 1
     assert "batch of 4 sequences does not split evenly over 3" in capsys.readouterr().err
@@ -210,14 +210,21 @@ def test_cli_dp_errors(tmp_path: Path, text_file: Path, capsys: Any, monkeypatch
 
 @pytest.mark.slow
 def test_cli_trains_data_parallel_under_torchrun(tmp_path: Path, text_file: Path) -> None:
-    """torchrun with 2 gloo ranks and FSDP2: the losses of one process; rank 0 writes one
-    checkpoint, which a single process resumes."""
+    """torchrun with 4 gloo ranks, --dp 2 --tp 2 (FSDP2 over dp): the losses of one process;
+    rank 0 writes one checkpoint, which a single process resumes (--resume at another layout)
+    and continues exactly as a single process resuming its own checkpoint does."""
     env = {**os.environ, "TUTORIAL_PRESET": "ci", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["-m", "tutorial_lib", *cli_train_args(tmp_path / "dp", text_file), "--dp", "2"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4"]
+    cmd += ["-m", "tutorial_lib", *cli_train_args(tmp_path / "dp", text_file)]
+    cmd += ["--dp", "2", "--tp", "2"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("wrote") == 1  # one report, from rank 0
     assert main(cli_train_args(tmp_path / "single", text_file)) == 0
     dp, single = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("dp", "single"))
+    assert _losses(dp) == pytest.approx(_losses(single), rel=1e-5)
+    for d in ("dp", "single"):  # one more step each, in one process
+        assert main([*cli_train_args(tmp_path / d, text_file), "--steps", "4", "--resume"]) == 0
+    dp, single = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("dp", "single"))
+    assert len(dp) == len(single) == 4
     assert _losses(dp) == pytest.approx(_losses(single), rel=1e-5)

@@ -310,25 +310,31 @@ def test_tp_trainer_matches_trainer(dist_results: dict[str, Any], corpus: bytes)
             assert torch.allclose(o["state_dict"][name], p, rtol=1e-9, atol=1e-12), name
 
 
-def test_tp_trainer_checkpoint_holds_the_full_model(tmp_path: Path, corpus: bytes) -> None:
-    model, _ = _model_and_batch()
+def test_tp_trainer_checkpoint_holds_the_full_model_and_resumes(
+    tmp_path: Path, corpus: bytes
+) -> None:
+    """The checkpoint is the single-process format (model and AdamW state gathered); a TP
+    trainer resumes it, and so does a plain Trainer (multi-rank layouts: test_parallel_2d)."""
     shard_map = ShardMap.even(CFG, 1)
-    cfg = TrainConfig(steps=1, batch_size=2, eval_every=0, progress=False)
-    trainer = TPTrainer(
-        parallelize(model, None, shard_map),
-        TokenData(*_train_data(corpus)),
-        cfg,
-        None,
-        shard_map,
-        device="cpu",
-        out_dir=tmp_path,
-    )
-    trainer.train()
-    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    cfg = TrainConfig(steps=2, batch_size=2, eval_every=0, progress=False)
+
+    def tp_trainer(seed: int) -> TPTrainer:
+        torch.manual_seed(seed)
+        model = parallelize(GPT(CFG), None, shard_map)
+        data = TokenData(*_train_data(corpus))
+        return TPTrainer(model, data, cfg, None, shard_map, device="cpu", out_dir=tmp_path)
+
+    trainer = tp_trainer(0)
+    trainer.train(1)
+    trainer.save(tmp_path / "step1.pt")
+    state = load_checkpoint(tmp_path / "step1.pt")
     GPT(CFG).load_state_dict(state["model"])  # a plain GPT loads it
-    assert state["tensor_parallel"]["tp"] == 1 and state["optimizer"] is None
-    with pytest.raises(NotImplementedError, match="not supported"):
-        trainer.resume(tmp_path / "checkpoint.pt")
+    assert state["tensor_parallel"]["tp"] == 1 and len(state["optimizer"]["state"]) > 0
+    ref = trainer.train()[-1]["loss"]  # step 2 of the uninterrupted run
+    resumed = tp_trainer(1)
+    resumed.resume(tmp_path / "step1.pt")
+    assert resumed.step == 1
+    assert resumed.train()[-1]["loss"] == pytest.approx(ref, rel=1e-6)
 
 
 # ---- errors -----------------------------------------------------------------------------------

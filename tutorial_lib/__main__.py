@@ -206,41 +206,28 @@ def _train(args: argparse.Namespace) -> int:
     )
     data = make_data(model_cfg.block_size, path=args.data, seed=args.seed)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.dp is None:  # torchrun with N processes and no TP: data parallelism over all N
-        args.dp = world if world > 1 and args.tp == 1 else 1
+    if args.dp is None:  # torchrun with N processes: data parallelism over what --tp leaves
+        args.dp = max(1, world // args.tp) if world > 1 else 1
     elif args.dp == 1 and args.tp == 1 and world > 1:
         raise ValueError(
             f"--dp 1 with {world} processes: each would train alone into the same --out. Drop "
             f"--dp (all {world} processes then train together) or start one process."
         )
-    if args.dp > 1 and args.tp > 1:
-        raise ValueError(
-            "--dp and --tp together (2D parallelism) are not supported yet: use one of them."
-        )
-    if args.dp > 1:
-        if args.fused or args.compile:
-            raise ValueError("--dp does not combine with --fused or --compile yet.")
-        from .parallel.dp import data_parallel_trainer
+    if args.dp * args.tp > 1:  # one process per (data-parallel, tensor-parallel) rank
+        from .parallel.mesh import parallel_trainer
 
-        trainer: Trainer = data_parallel_trainer(
+        trainer: Trainer = parallel_trainer(
             model_cfg,
             data,
             cfg,
             args.dp,
+            args.tp,
             args.dp_mode,
+            fused=args.fused,
+            compile=args.compile,
             device=args.device,
             out_dir=args.out,
             seed=args.seed,
-        )
-    elif args.tp > 1:
-        if args.resume:
-            raise ValueError("--resume does not combine with --tp yet (sharded optimizer state).")
-        if args.fused or args.compile:
-            raise ValueError("--tp does not combine with --fused or --compile yet.")
-        from .parallel.launch import tensor_parallel_trainer
-
-        trainer = tensor_parallel_trainer(
-            model_cfg, data, cfg, args.tp, device=args.device, out_dir=args.out, seed=args.seed
         )
     else:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -11,7 +11,9 @@ A run is described by a ``ModelRecipe`` (precision, fused kernels, compile, tens
    nothing here; they act per step (autocast, TF32, loss scaling) in the ``Trainer``.
 3. **Parallelism.** ``tp=parallel.TPSpec(group, shard_map)``: this rank's shards of the full
    model (``TPSpec.apply``, i.e. ``parallel.tp.parallelize``), from the same seeded full weights
-   on every rank.
+   on every rank. Under TP this step comes *before* step 2: the precision's layer swap then
+   meets the parallel layers, and each knows its FP8 variant (``parallel.tp_fp8``); with
+   ``fused`` the parallel layers sit among the Triton kernels (``parallel.tp.tp_layers``).
 4. **Device**, then 5. **compilation** (``nn.Module.compile``: the module stays a ``GPT`` with
    the same parameter names, so checkpoints do not depend on it).
 
@@ -77,11 +79,6 @@ def build_model(
     dev = torch.device(device) if device is not None else torch.device("cpu")
     policy = get_policy(precision, dev)  # raises if this device cannot run the precision
     precision = policy.name
-    if tp is not None and (fused or compile or policy.prepare_model is not None):
-        raise ValueError(
-            f"Tensor parallelism does not combine with fused kernels, compile or the "
-            f"{precision!r} precision's layer swap yet; use fp32, tf32 or bf16 without them."
-        )
     if layers is not None and fused:
         raise ValueError("Pass either layers= (your own factory) or fused=True, not both.")
     if seed is not None:
@@ -95,6 +92,11 @@ def build_model(
     model = GPT(cfg, layers or TorchLayers())
     if weights is not None:
         model.load_state_dict(weights)
+    # 3 before 2 under TP (module docstring)
+    degree = 1
+    if tp is not None:
+        model = tp.apply(model.to(dev), fused=fused, precision=precision)  # may refuse
+        degree = tp.degree
     # 2. precision backend
     if policy.prepare_model is not None:
         prepared = policy.prepare_model(model)  # swaps layers in place and returns the model
@@ -104,11 +106,6 @@ def build_model(
                 f"{type(prepared).__name__}, not the GPT it was given."
             )
         model = prepared
-    # 3. parallelism
-    degree = 1
-    if tp is not None:
-        model = tp.apply(model.to(dev))
-        degree = tp.degree
     # 4. device, 5. compilation
     model = model.to(dev)
     if compile:

@@ -243,6 +243,12 @@ class Trainer:
         except (RuntimeError, TypeError):  # no fused kernel: foreach beats the per-tensor loop
             return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=betas, foreach=True)
 
+    def _param_order(self) -> list[str]:
+        """Parameter names in the optimizer's index order (its groups, in order): how a sharded
+        trainer keys the optimizer state of the single-process checkpoint format."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+
     @property
     def compile_time_s(self) -> float | None:
         """With ``compile``: the first compiled step's time minus the median of the steps after

@@ -54,12 +54,19 @@ def convert_to_fp8(
     embeddings, subclasses of nn.Linear, and, unless ``include_lm_head``, a Linear whose weight
     is shared or that is named ``lm_head`` (the GPT's tied head is ``F.linear`` on the embedding,
     so it is never a module). All layers with illegal shapes are listed in one ValueError.
+    A module with a ``to_fp8(**kwargs)`` method (a tensor-parallel layer) is replaced by what
+    it returns: its own FP8 variant, whose local shapes meet the rule at its first FP8 forward.
     ``recipe`` (optional): the recipe the model will train with; one that rounds stochastically
     (NVFP4) gives each layer its seeded generator now, so checkpoints hold it from step 0.
     The FP8 buffers go on ``model``'s DDP ignore list (``fp8.ddp``), so ``DDP(model)`` keeps
     each rank's scaling state; ranks share amaxes through the autocast's amax reduction.
     """
-    targets = convertible_linears(model, include_lm_head)
+    targets: list[tuple[str, nn.Module]] = list(convertible_linears(model, include_lm_head))
+    targets += [  # layers that know their FP8 variant (the tensor-parallel ones: parallel.tp)
+        (name, m)
+        for name, m in model.named_modules()
+        if callable(getattr(m, "to_fp8", None)) and not isinstance(m, FP8Linear)
+    ]
     problems = fp8_layer_problems(model, include_lm_head)
     if problems:
         raise ValueError(
@@ -74,11 +81,25 @@ def convert_to_fp8(
         "collect_stats": collect_stats,
     }
     stochastic = bool(getattr(recipe, "uses_stochastic_rounding", False))
+    swaps: list[tuple[str, FP8Linear]] = []
     for name, old in targets:
-        new = FP8Linear.from_linear(old, **kwargs)
+        to_fp8 = getattr(old, "to_fp8", None)
+        new = to_fp8(**kwargs) if callable(to_fp8) else FP8Linear.from_linear(old, **kwargs)  # type: ignore[arg-type]
+        if to_fp8 is not None and (bad := weight_problems(new.in_features, new.out_features)):
+            problems.append(
+                f"{name}: {new.in_features} -> {new.out_features} on this rank ({'; '.join(bad)})"
+            )
+        swaps.append((name, new))
+    if problems:  # a tensor-parallel layer's local shapes break the rule
+        raise ValueError(
+            f"convert_to_fp8: {FP8_SHAPE_RULE}; these tensor-parallel shards break it: "
+            + "; ".join(problems)
+            + ". Choose a TP degree that leaves each rank multiples of 16 features, or a wider model."
+        )
+    for name, new in swaps:
         new.fp8_name = name
         if stochastic:
-            new.sr_generator(old.weight.device)
+            new.sr_generator(new.weight.device)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, new)

@@ -273,7 +273,7 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
         fp8 = get_autocast_state()
         if fp8 is None or not (fp8.enabled or fp8.calibrating):
             record_call(self)
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self._gemm_bias())
         if not isinstance(fp8.recipe, DelayedScaling):
             return self._recipe_forward(x, fp8, fp8.recipe)
         self._ensure_history_len(fp8.recipe.amax_history_len)
@@ -281,7 +281,7 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
             record_call(self)
             self.fp8_state.forward.calibrate_amax(GEMM1_INPUT, x)
             self.fp8_state.forward.calibrate_amax(GEMM1_WEIGHT, self.weight)
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self._gemm_bias())
         self._check_fp8_shapes(x)
         self._start_fp8()
         emulate = self._resolve_emulate(x.device, fp8)
@@ -290,7 +290,7 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
         step = register_fp8_run(self.fp8_state, fp8, self._needs_grad(x))
         fp8 = fp8 if fp8.collect_stats or not self.collect_stats else _with_stats(fp8)
         return _FP8LinearFunction.apply(
-            x, self.weight, self.bias, self, fp8, out_dtype, emulate, step, None
+            x, self.weight, self._gemm_bias(), self, fp8, out_dtype, emulate, step, None
         )
 
     def _recipe_forward(
@@ -299,7 +299,7 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
         """A stateless recipe (``fp8.recipes``): nothing to calibrate (high precision then)."""
         if not fp8.enabled:
             record_call(self)
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self._gemm_bias())
         self._check_fp8_shapes(x)
         tokens = math.prod(x.shape[:-1])
         problem = recipe.shape_problem(tokens, self.in_features, self.out_features)
@@ -317,8 +317,12 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
     ) -> torch.Tensor:
         gen = self.sr_generator(x.device) if recipe.uses_stochastic_rounding else None
         backward = torch.is_grad_enabled() and self._needs_grad(x)
-        w, b = self.weight, self.bias
+        w, b = self.weight, self._gemm_bias()
         return RecipeLinearFunction.apply(x, w, b, recipe, out_dtype, emulate, gen, backward)
+
+    def _gemm_bias(self) -> torch.Tensor | None:
+        """The bias the GEMM adds (a row-parallel subclass adds its own after the all-reduce)."""
+        return self.bias
 
     def _start_fp8(self) -> None:
         """Before a forward in FP8: refuse plain checkpointing; note that FP8 has run."""
@@ -336,8 +340,8 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
         if fp8 is not None and out_dtype is not None and not isinstance(fp8.recipe, DelayedScaling):
             return self._recipe_apply(x, fp8.recipe, out_dtype, call.emulate)
         if fp8 is None or out_dtype is None or scales is None:
-            return F.linear(x, self.weight, self.bias)
-        w, b = self.weight, self.bias
+            return F.linear(x, self.weight, self._gemm_bias())
+        w, b = self.weight, self._gemm_bias()
         return _FP8LinearFunction.apply(x, w, b, self, fp8, out_dtype, call.emulate, None, scales)
 
     def _quantize(

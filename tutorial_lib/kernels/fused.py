@@ -34,6 +34,7 @@ from ..model import MLP, Block
 from .bias_gelu import bias_gelu
 from .cross_entropy import cross_entropy
 from .layernorm import add_layer_norm, layer_norm
+from .runtime import interpreter_mode
 
 if TYPE_CHECKING:
     from ..config import GPTConfig
@@ -46,6 +47,20 @@ __all__ = [
     "AddNormBlock",
     "TritonLayers",
 ]
+
+
+if interpreter_mode():
+    # On a CPU the kernels run in Triton's interpreter: Python code that Dynamo would try to
+    # trace (and fail on). torch.compile then runs each kernel call eagerly, a graph break on
+    # each side; on a GPU it puts the compiled kernels into its graph.
+    layer_norm, add_layer_norm = (
+        torch.compiler.disable(layer_norm),
+        torch.compiler.disable(add_layer_norm),
+    )
+    bias_gelu, cross_entropy = (
+        torch.compiler.disable(bias_gelu),
+        torch.compiler.disable(cross_entropy),
+    )
 
 
 class TritonLayerNorm(nn.LayerNorm):

@@ -30,12 +30,14 @@ so the same model code runs at TP 1 without ``torch.distributed``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 __all__ = [
+    "on_rank0",
     "CopyToTensorParallel",
     "ReduceFromTensorParallel",
     "GatherFromSequenceParallel",
@@ -218,3 +220,21 @@ def scatter_to_sp(x: torch.Tensor, group: Group, dim: int = 1) -> torch.Tensor:
         return x
     _check_even(x, group_size(group), dim)
     return ScatterToSequenceParallel.apply(x, group, dim)
+
+
+def on_rank0(group: Group, write: Callable[[], object]) -> None:
+    """Run ``write`` on rank 0 of ``group`` while the others wait; if it raises, every rank
+    raises (a RuntimeError naming rank 0's error) instead of the others waiting forever.
+    Without a process group (``group`` None, one process) it just writes."""
+    if group is None or not dist.is_initialized():
+        write()
+        return
+    error = [None]
+    if group_rank(group) == 0:
+        try:
+            write()
+        except Exception as err:  # shared below, then raised on every rank
+            error[0] = f"{type(err).__name__}: {err}"  # type: ignore[call-overload]
+    dist.broadcast_object_list(error, src=dist.get_global_rank(group, 0), group=group)
+    if error[0] is not None:
+        raise RuntimeError(f"Rank 0 failed to write the checkpoint: {error[0]}")

@@ -150,8 +150,21 @@ def _on_rank0(group: Any, write: Any) -> None:
         write()
 
 
+def _refuse_tensor_parallel(trainer: Trainer) -> None:
+    """Our TP shards are plain tensors (uneven, any heads per rank): DCP would read the same
+    name on every TP rank as one replicated tensor and keep one rank's shard."""
+    if getattr(trainer, "tp", None) is not None or hasattr(trainer, "shard_map"):
+        raise ValueError(
+            "Sharded (DCP) checkpoints of a tensor-parallel run are not supported: its shards "
+            "are plain tensors of different shapes under the same names, which DCP would take "
+            "for one replicated tensor. Use trainer.save(path): the single-process format, "
+            "gathered over TP, resumes at any layout."
+        )
+
+
 def save_sharded(trainer: Trainer, directory: str | Path) -> Path:
     """Write ``trainer``'s checkpoint as ``directory`` (module docstring); every rank calls it."""
+    _refuse_tensor_parallel(trainer)
     directory, group = Path(directory), _group(trainer)
     tmp = directory.with_name(directory.name + ".tmp")
     old = directory.with_name(directory.name + ".old")
@@ -189,6 +202,7 @@ def save_sharded(trainer: Trainer, directory: str | Path) -> Path:
 
 def load_sharded(trainer: Trainer, directory: str | Path) -> None:
     """Restore ``trainer`` from a ``save_sharded`` directory, at this run's layout."""
+    _refuse_tensor_parallel(trainer)
     directory = Path(directory)
     if not (directory / RUN_FILE).is_file() or not (directory / SHARDS).is_dir():
         raise FileNotFoundError(

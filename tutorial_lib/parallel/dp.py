@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +43,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..build import build_model
 from ..config import GPTConfig
 from ..data import TokenData
 from ..model import GPT
-from ..precision import get_policy
 from ..train import TrainConfig, Trainer, keep_implementation, save_checkpoint
-from .comm import Group, group_rank
+from .comm import Group, group_rank, on_rank0
+from .compose import check_composition
+from .tp import TPSpec, gather_checkpoint, shard_checkpoint, tp_clip_grad_norm_
 
 __all__ = [
     "DP_MODES",
@@ -98,30 +98,14 @@ def shard_with_fsdp(
     return model
 
 
-def _check_precision(precision: str, mode: str, dp: int | None) -> None:
-    """Refuse what this trainer cannot do right yet (each with the reason); ``dp`` None: only
-    what does not need the process group."""
-    if precision.startswith("te-") and mode == "fsdp":
-        raise ValueError(
-            f"{precision!r} with FSDP2 is not supported yet: the full-state checkpoint would "
-            "hold Transformer Engine's pickled FP8 state, which this package refuses to load. "
-            "Use --dp-mode ddp, or our own FP8 precisions (fp8, fp8-current, ...)."
-        )
-    if dp is None:
-        return
-    fp8 = get_policy(precision).prepare_model is not None
-    if fp8 and dp != dist.get_world_size():
-        raise ValueError(
-            f"FP8 ({precision!r}) on a data-parallel group of {dp} of the "
-            f"{dist.get_world_size()} processes is not supported yet: the FP8 amax reduction "
-            "spans every process, so the others would have to join it. Train on all of them."
-        )
-
-
 class DPTrainer(Trainer):
     """The ``Trainer`` of one data-parallel rank (module docstring).
 
     ``mode``: ``"ddp"`` or ``"fsdp"``; ``group``: the data-parallel ranks (default: all).
+    ``tp``: the ``TPSpec`` the model was built with, for 2D parallelism (``parallel.mesh``): the
+    model holds this rank's tensor-parallel shards, ``group`` is this rank's data-parallel
+    column of the mesh, and DDP or FSDP2 runs over it on those shards. Checkpoints gather the
+    shards over TP too, into the single-process format.
     Only rank 0 shows the progress bar and writes checkpoints; every rank takes part in a save.
     """
 
@@ -135,30 +119,38 @@ class DPTrainer(Trainer):
         device: torch.device | str | None = None,
         out_dir: str | Path | None = None,
         param_dtype: torch.dtype | None = None,
+        tp: TPSpec | None = None,
     ) -> None:
+        from .launch import check_parallel_precision
+
         if mode not in DP_MODES:
             raise ValueError(f"Unknown data-parallel mode {mode!r}; choose one of {DP_MODES}.")
         if param_dtype is not None and mode != "fsdp":
             raise ValueError("param_dtype is FSDP2's MixedPrecisionPolicy: use mode='fsdp'.")
-        _check_precision(cfg.precision, mode, None)
+        check_composition(cfg.precision, tp is not None, mode == "fsdp")
         self.group = group if group is not None else dist.group.WORLD
         self.mode, self.dp = mode, dist.get_world_size(self.group)
-        _check_precision(cfg.precision, mode, self.dp)
+        self.tp = tp
+        self.tp_rank = group_rank(tp.group) if tp is not None else 0
         self.dp_rank = group_rank(self.group)
         self._rows = local_rows(cfg.batch_size, self.dp, self.dp_rank)
-        if self.dp_rank != 0:
+        if self.dp_rank != 0 or self.tp_rank != 0:
             cfg = dataclasses.replace(cfg, progress=False)
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         model = model.to(dev)
         if mode == "fsdp":  # before the optimizer is made: it must hold the shards
             shard_with_fsdp(model, self.group, dev, param_dtype)
         super().__init__(model, data, cfg, device=dev, out_dir=out_dir)
+        degree = tp.degree if tp is not None else 1
+        check_parallel_precision(self, self.dp * degree, tp is not None, mode == "fsdp")
         self._ddp: nn.Module | None = None
         if mode == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             self._ddp = DistributedDataParallel(self.model, process_group=self.group)
-        self._flops_per_token /= self.dp  # MFU per GPU: each does 1/dp of the work
+        self._flops_per_token /= self.dp * degree  # MFU per GPU: each does 1/(dp t) of the work
+        # the world: every rank of the mesh takes part in a save, rank 0 of it writes
+        self._save_group = dist.group.WORLD if tp is not None else self.group
 
     # ---- the hooks of Trainer.train_step ------------------------------------------------------
     def _batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,49 +162,65 @@ class DPTrainer(Trainer):
         return (self._ddp or self.model)(x, y)
 
     def _mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
-        total = value.detach().clone()
+        total = value.detach().clone()  # the TP ranks of a replica hold the same loss
         dist.all_reduce(total, group=self.group)
         return total / self.dp
 
     def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        if self.tp is not None:
+            fsdp = self.group if self.mode == "fsdp" else None
+            return tp_clip_grad_norm_(self.model, max_norm, self.tp.group, fsdp_group=fsdp)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     # ---- checkpoints: the full model and optimizer, in the single-process format --------------
-    def _param_order(self) -> list[str]:
-        """Parameter names in the optimizer's index order (its groups, in order)."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        return [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
-
     def state_dict(self) -> dict[str, Any]:
-        if self.mode == "ddp":  # every rank holds the full model and optimizer state
-            state = super().state_dict()
-        else:  # gathered below; run_state alone, not also the local shards
-            state = self.run_state()
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                get_model_state_dict,
-                get_optimizer_state_dict,
-            )
-
-            full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 holds it
-            state["model"] = get_model_state_dict(self.model, options=full)
-            with keep_lazy_state(self.optimizer):
-                optim: dict[str, Any] = dict(
-                    get_optimizer_state_dict(self.model, self.optimizer, options=full)
-                )
-            index = {name: i for i, name in enumerate(self._param_order())}
-            state["optimizer"] = {
-                "state": {index[k]: v for k, v in optim.get("state", {}).items()},
-                "param_groups": [
-                    {**g, "params": [index[k] for k in g["params"]]}
-                    for g in optim.get("param_groups", [])
-                ],
-            }
+        state = self.run_state()
+        if self.mode == "ddp":  # every rank holds the whole (TP-local) model and optimizer
+            model, optim = dict(self.model.state_dict()), self.optimizer.state_dict()
+        else:
+            model, optim = self._gather_fsdp()
+        if self.tp is not None:  # then over TP: every rank of the replica has its shards now
+            model, optim = gather_checkpoint(
+                model, optim, self._param_order(), self.model.config, self.tp.group,
+                self.tp.shard_map,
+            )  # fmt: skip
+            state["tensor_parallel"] = {"tp": self.tp.degree}
+        state["model"], state["optimizer"] = model, optim
         state["data_parallel"] = {"dp": self.dp, "mode": self.mode}
         return state
 
+    def _gather_fsdp(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """FSDP2's shards gathered over the data-parallel ranks (torch's full state dicts), the
+        optimizer state keyed by parameter index again. Without TP only rank 0 keeps them (it
+        alone writes); with TP every rank does (the TP gather needs them)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        full = StateDictOptions(full_state_dict=True, cpu_offload=self.tp is None)
+        model = dict(get_model_state_dict(self.model, options=full))
+        with keep_lazy_state(self.optimizer):
+            optim: dict[str, Any] = dict(
+                get_optimizer_state_dict(self.model, self.optimizer, options=full)
+            )
+        index = {name: i for i, name in enumerate(self._param_order())}
+        return model, {
+            "state": {index[k]: v for k, v in optim.get("state", {}).items()},
+            "param_groups": [
+                {**g, "params": [index[k] for k in g["params"]]}
+                for g in optim.get("param_groups", [])
+            ],
+        }
+
     def _load_model_and_optimizer(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
+        if self.tp is not None:  # this rank's cut of the full state, for its shard map
+            model, optimizer = shard_checkpoint(
+                model, optimizer, self._param_order(), self.model.config, self.tp.shard_map,
+                self.tp_rank,
+            )  # fmt: skip
         if self.mode == "ddp":
             super()._load_model_and_optimizer(model, optimizer)
             return
@@ -237,7 +245,7 @@ class DPTrainer(Trainer):
 
     def save(self, path: str | Path) -> Path:
         state = self.state_dict()  # every rank takes part in the gathers
-        on_rank0(self.group, lambda: save_checkpoint(path, state))  # then the file exists
+        on_rank0(self._save_group, lambda: save_checkpoint(path, state))  # then the file exists
         self.last_checkpoint = Path(path)
         return self.last_checkpoint
 
@@ -266,20 +274,6 @@ def zero_bytes_per_rank(
     full = (n_params * param_bytes, n_params * grad_bytes, n_params * optim_bytes)
     sharded = (stage >= 3, stage >= 2, stage >= 1)
     return tuple(b / dp if s else float(b) for b, s in zip(full, sharded, strict=True))  # type: ignore[return-value]
-
-
-def on_rank0(group: Group, write: Callable[[], object]) -> None:
-    """Run ``write`` on rank 0 of ``group`` while the others wait; if it raises, every rank
-    raises (a RuntimeError naming rank 0's error) instead of the others waiting forever."""
-    error = [None]
-    if group_rank(group) == 0:
-        try:
-            write()
-        except Exception as err:  # shared below, then raised on every rank
-            error[0] = f"{type(err).__name__}: {err}"  # type: ignore[call-overload]
-    dist.broadcast_object_list(error, src=dist.get_global_rank(group, 0), group=group)
-    if error[0] is not None:
-        raise RuntimeError(f"Rank 0 failed to write the checkpoint: {error[0]}")
 
 
 @contextlib.contextmanager
@@ -324,14 +318,12 @@ def data_parallel_trainer(
     device: str | None = None,
     out_dir: str | Path | None = None,
     seed: int = 0,
-) -> DPTrainer:
-    """Under torchrun with ``dp`` processes: join the group, build the model (the same weights on
-    every rank: ``build_model(..., seed=seed)``) and return this rank's ``DPTrainer``
-    (``python -m tutorial_lib train --dp N``). Build ``data`` with the same seed everywhere."""
-    from .launch import join_torchrun
+) -> Trainer:
+    """Under torchrun with ``dp`` processes: this rank's ``DPTrainer`` (``mesh.parallel_trainer``
+    with ``tp=1``: the same seeded weights on every rank). Build ``data`` with the same seed
+    everywhere."""
+    from .mesh import parallel_trainer
 
-    local_rows(cfg.batch_size, dp, 0)  # a batch that does not split: the error, before starting
-    env = join_torchrun("--dp", dp, device)
-    dev = device or env.device
-    model = build_model(model_cfg, precision=cfg.precision, device=dev, seed=seed)
-    return DPTrainer(model, data, cfg, mode, device=dev, out_dir=out_dir)
+    return parallel_trainer(
+        model_cfg, data, cfg, dp, 1, mode, device=device, out_dir=out_dir, seed=seed
+    )

@@ -20,6 +20,9 @@ from ..train import TrainConfig
 from .comm import Group
 from .dcp import load_sharded, save_sharded
 from .dp import DPTrainer, memory_per_rank, on_rank0
+from .mesh import groups_2d
+from .shard import ShardMap
+from .tp import TPSpec
 
 __all__ = ["DPRun", "dp_train", "dp_train_worker", "dp_layouts_worker", "dp_refusals_worker"]
 
@@ -45,6 +48,9 @@ class DPRun:
     param_dtype: torch.dtype | None = None
     seed: int = 0
     sharded: bool = False  # resume/save: a parallel.dcp directory instead of one file
+    tp: int = 1  # tensor-parallel degree: a (len(ranks) / tp) x tp mesh (parallel.mesh)
+    fused: bool = False
+    compile: bool = False
 
 
 def dp_train_worker(rank: int, world_size: int, *runs: DPRun) -> list[dict[str, Any]]:
@@ -56,22 +62,37 @@ def dp_layouts_worker(
     rank: int, world_size: int, jobs: Sequence[tuple[Sequence[int], DPRun]]
 ) -> list[dict[str, Any] | None]:
     """Each job ``(ranks, run)`` in turn on its ranks (None on the others): several data-parallel
-    degrees from one spawn. Every rank makes every group first, in the same order, as
-    ``dist.new_group`` requires; a rank outside a job's group skips it; all ranks wait for each
-    job to end before the next starts (it may resume what the last one saved)."""
-    groups = [dist.new_group(list(ranks)) for ranks, _ in jobs]
+    degrees from one spawn; with ``run.tp`` > 1 a (dp, tp) mesh on those ranks. Every rank makes
+    every group first, in the same order, as ``dist.new_group`` requires; a rank outside a job's
+    group skips it; all ranks wait for each job to end before the next starts (it may resume
+    what the last one saved)."""
+    groups = [groups_2d(len(ranks) // run.tp, run.tp, ranks) for ranks, run in jobs]
     out = []
-    for (ranks, run), group in zip(jobs, groups, strict=True):
-        out.append(dp_train(run, group) if rank in ranks else None)
+    for (_, run), pair in zip(jobs, groups, strict=True):
+        out.append(dp_train(run, *pair) if pair is not None else None)
         dist.barrier()  # a later job may read what this one wrote
     return out
 
 
-def dp_train(run: DPRun, group: Group | None = None) -> dict[str, Any]:
-    """Build the model (``build_model`` with ``run.seed``: the same weights on every rank), train
-    it under ``DPTrainer`` over ``group`` (default: all ranks) and return the history (and the
-    memory, with ``run.measure``)."""
-    model = build_model(run.model, precision=run.train.precision, device="cpu", seed=run.seed)
+def dp_train(
+    run: DPRun, group: Group | None = None, tp_group: Group | None = None
+) -> dict[str, Any]:
+    """Build the model (``build_model`` with ``run.seed``: the same weights on every rank; this
+    rank's TP shards when ``run.tp`` > 1, over ``tp_group``), train it under ``DPTrainer`` over
+    ``group`` (default: all ranks) and return the history (and the memory, with
+    ``run.measure``)."""
+    spec = TPSpec(tp_group, ShardMap.even(run.model, run.tp)) if run.tp > 1 else None
+    if run.compile:  # a fresh start: earlier runs' graphs would count towards the recompile limit
+        torch._dynamo.reset()
+    model = build_model(
+        run.model,
+        precision=run.train.precision,
+        fused=run.fused,
+        compile=run.compile,
+        tp=spec,
+        device="cpu",
+        seed=run.seed,
+    )
     trainer = DPTrainer(
         model,
         TokenData(*run.data),
@@ -80,6 +101,7 @@ def dp_train(run: DPRun, group: Group | None = None) -> dict[str, Any]:
         group=group,
         device="cpu",
         param_dtype=run.param_dtype,
+        tp=spec,
     )
     if run.resume is not None:
         if run.sharded:

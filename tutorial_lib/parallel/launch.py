@@ -30,14 +30,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..build import build_model
 from ..config import GPTConfig
 from ..data import TokenData
 from ..model import GPT
 from ..train import TrainConfig, Trainer, save_checkpoint
-from .comm import Group, group_rank
+from .comm import Group, group_rank, on_rank0
+from .compose import check_composition
 from .shard import ShardMap
-from .tp import TPSpec, gather_full_state_dict, tp_clip_grad_norm_
+from .tp import gather_checkpoint, shard_checkpoint, tp_clip_grad_norm_
 
 __all__ = [
     "SpawnError",
@@ -47,6 +47,7 @@ __all__ = [
     "init_from_env",
     "join_torchrun",
     "TPTrainer",
+    "check_parallel_precision",
     "tensor_parallel_trainer",
 ]
 
@@ -284,13 +285,29 @@ def join_torchrun(flag: str, n: int, device: str | None) -> DistEnv:
     return init_from_env("gloo" if cpu else None)
 
 
+def check_parallel_precision(trainer: Trainer, parallel_ranks: int, tp: bool, fsdp: bool) -> None:
+    """Refuse what a parallel run cannot train right, with the reason: the combinations that
+    ``compose.composition_problem`` names, and FP8 when the job's ``parallel_ranks`` are not
+    every process (the amax all-reduce spans the world)."""
+    precision = trainer.cfg.precision
+    check_composition(precision, tp, fsdp)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if trainer.policy.prepare_model is not None and parallel_ranks != world:
+        raise ValueError(
+            f"FP8 ({precision!r}) on {parallel_ranks} of the {world} processes is not "
+            "supported yet: the FP8 amax reduction spans every process, so the others would "
+            "have to join it. Train on all of them."
+        )
+
+
 class TPTrainer(Trainer):
     """The ``Trainer`` of one tensor-parallel rank; every rank runs one, on the same batches.
 
     What differs from ``Trainer``: the gradient norm (and so clipping) spans all ranks' shards;
-    checkpoints hold the gathered full model (loadable by a plain ``GPT``), and only TP rank 0
-    writes them and shows the progress bar; MFU counts 1/t of the model's FLOPs per GPU.
-    The optimizer state stays sharded and is not saved, so a TP run cannot be resumed yet.
+    checkpoints hold the gathered full model and optimizer state in the single-process format
+    (loadable by a plain ``Trainer``), and a TP run resumes any such checkpoint, written at any
+    layout, by cutting it for its own shard map; only TP rank 0 writes them and shows the
+    progress bar; MFU counts 1/t of the model's FLOPs per GPU.
     """
 
     def __init__(
@@ -307,21 +324,22 @@ class TPTrainer(Trainer):
         if self.tp_rank != 0:
             cfg = dataclasses.replace(cfg, progress=False)
         super().__init__(model, data, cfg, device=device, out_dir=out_dir)
-        if self.policy.prepare_model is not None or self.scaler is not None:
-            raise ValueError(
-                f"Precision {cfg.precision!r} does not combine with tensor parallelism here: FP8 "
-                "swaps the Linear layers TP has replaced, and FP16's loss scaler would decide "
-                "per rank whether to skip a step. Use fp32, tf32 or bf16."
-            )
+        check_parallel_precision(self, shard_map.tp, tp=True, fsdp=False)
         self._flops_per_token /= shard_map.tp
 
     def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         return tp_clip_grad_norm_(self.model, max_norm, self.group)
 
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["model"] = gather_full_state_dict(self.model, self.group, self.shard_map)
-        state["optimizer"] = None  # sharded across ranks; not gathered
+        state = self.run_state()
+        state["model"], state["optimizer"] = gather_checkpoint(
+            self.model.state_dict(),
+            self.optimizer.state_dict(),
+            self._param_order(),
+            self.model.config,
+            self.group,
+            self.shard_map,
+        )
         state["tensor_parallel"] = {
             "tp": self.shard_map.tp,
             "heads": self.shard_map.heads,
@@ -331,16 +349,15 @@ class TPTrainer(Trainer):
 
     def save(self, path: str | Path) -> Path:
         state = self.state_dict()  # every rank takes part in the gather
-        if self.tp_rank == 0:
-            save_checkpoint(path, state)
+        on_rank0(self.group, lambda: save_checkpoint(path, state))
         self.last_checkpoint = Path(path)
         return self.last_checkpoint
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError(
-            "Resuming a tensor-parallel run is not supported: its checkpoint holds the full "
-            "model but not the sharded optimizer state. Load state['model'] into a GPT instead."
+    def _load_model_and_optimizer(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
+        model, optimizer = shard_checkpoint(
+            model, optimizer, self._param_order(), self.model.config, self.shard_map, self.tp_rank
         )
+        super()._load_model_and_optimizer(model, optimizer)
 
 
 def tensor_parallel_trainer(
@@ -351,19 +368,9 @@ def tensor_parallel_trainer(
     device: str | None = None,
     out_dir: str | Path | None = None,
     seed: int = 0,
-) -> TPTrainer:
-    """Under torchrun with ``tp`` processes: join the group, build this rank's shards of the
-    model (``build_model(..., tp=TPSpec(...), seed=seed)``: every rank starts from the same full
-    weights) and return this rank's ``TPTrainer``. Build ``data`` with the same seed everywhere."""
-    env = join_torchrun("--tp", tp, device)
-    shard_map = ShardMap.even(model_cfg, tp)
-    group = dist.group.WORLD
-    dev = device or env.device
-    tp_model = build_model(
-        model_cfg,
-        precision=cfg.precision,
-        tp=TPSpec(group, shard_map),
-        device=dev,
-        seed=seed,
-    )
-    return TPTrainer(tp_model, data, cfg, group, shard_map, device=dev, out_dir=out_dir)
+) -> Trainer:
+    """Under torchrun with ``tp`` processes: this rank's ``TPTrainer`` (``mesh.parallel_trainer``
+    with ``dp=1``: the same seeded full weights on every rank, cut for its TP rank)."""
+    from .mesh import parallel_trainer
+
+    return parallel_trainer(model_cfg, data, cfg, 1, tp, device=device, out_dir=out_dir, seed=seed)

@@ -14,6 +14,15 @@ identically, and its gradients come out identical too, because ``f`` sums the pa
 Which rows or columns a rank owns comes from a ``ShardMap`` (``shard.py``); the layouts from
 ``unit_specs`` and ``global_index``, so a shard may hold any set of heads, e.g. heads (0, 3).
 Dropout is not supported under TP: it would need Megatron's per-rank RNG tracker.
+
+What composes with it: ``fused=True`` keeps the Triton LayerNorm, residual-add-LayerNorm, GELU and
+loss kernels around the parallel layers (``tp_layers``; the MLP keeps ``fc``'s bias in its GEMM,
+since the column-parallel layer must run its own forward); an FP8 precision swaps each parallel
+layer for its FP8 variant (``to_fp8``, ``parallel.tp_fp8``) after the split; ``torch.compile``
+compiles the model with the collectives inside the autograd Functions of ``comm``.
+Checkpoints: ``gather_full`` and ``gather_full_optimizer`` turn the shards of the model and of
+AdamW's moments into the single-process format; ``shard_state_dict`` and ``shard_optimizer_state``
+cut them again for any other map, so a run resumes at any TP degree.
 """
 
 from __future__ import annotations
@@ -45,6 +54,11 @@ __all__ = [
     "parallelize",
     "gather_full",
     "gather_full_state_dict",
+    "gather_full_optimizer",
+    "shard_optimizer_state",
+    "gather_checkpoint",
+    "shard_checkpoint",
+    "tp_layers",
     "tp_clip_grad_norm_",
 ]
 
@@ -79,6 +93,13 @@ class _ShardedLinear(nn.Module):
         nn.init.normal_(self.weight, mean=0.0, std=0.02)  # GPT-2's init, as GPT._init_weights
         if self.bias is not None:
             nn.init.zeros_(self.bias)
+
+    def to_fp8(self, **fp8_kwargs: Any) -> nn.Module:
+        """This layer's FP8 variant, holding the same Parameters (``fp8.convert_to_fp8`` calls
+        it for every module that has it): its local GEMM in FP8, the collectives unchanged."""
+        from .tp_fp8 import fp8_parallel_linear
+
+        return fp8_parallel_linear(self, **fp8_kwargs)
 
 
 class ColumnParallelLinear(_ShardedLinear):
@@ -212,6 +233,28 @@ class TPLayers(TorchLayers):
         return cls(in_features, out_features, bias, self.group, spec, units, total)
 
 
+@functools.cache
+def _fused_tp_layers() -> type[TPLayers]:
+    """``TPLayers`` whose LayerNorms, blocks, GELU and loss are ``TritonLayers``' (deferred: the
+    kernels import Triton). ``fold_fc_bias`` is off: ``BiasGELUMLP`` would call ``fc``'s weight
+    directly and skip the column-parallel layer's forward (its ``f``)."""
+    from ..kernels.fused import TritonLayers
+
+    class FusedTPLayers(TPLayers, TritonLayers):
+        fold_fc_bias = False
+
+    return FusedTPLayers
+
+
+def tp_layers(
+    cfg: GPTConfig, group: Group, shard_map: ShardMap, rank: int | None = None, fused: bool = False
+) -> TPLayers:
+    """The layer factory of a tensor-parallel model: ``TPLayers``, or with ``fused`` the same
+    parallel Linear layers among the Triton kernels of ``kernels.TritonLayers``."""
+    cls = _fused_tp_layers() if fused else TPLayers
+    return cls(cfg, group, shard_map, rank)
+
+
 def _spec_of(name: str, specs: Mapping[str, UnitSpec]) -> UnitSpec | None:
     """The UnitSpec of a model parameter name ("blocks.3.attn.qkv.weight"), None if replicated."""
     parts = name.split(".", 2)
@@ -238,13 +281,16 @@ def shard_state_dict(
     return out
 
 
-def parallelize(model: GPT, group: Group, shard_map: ShardMap, rank: int | None = None) -> GPT:
-    """A tensor-parallel copy of ``model`` holding this rank's shards (on the model's device).
+def parallelize(
+    model: GPT, group: Group, shard_map: ShardMap, rank: int | None = None, fused: bool = False
+) -> GPT:
+    """A tensor-parallel copy of ``model`` holding this rank's shards (on the model's device);
+    ``fused``: with the Triton kernels around the parallel layers (``tp_layers``).
 
     Every rank must pass the same full weights (same seed, or a loaded checkpoint).
     """
     cfg = model.config
-    layers = TPLayers(cfg, group, shard_map, rank)
+    layers = tp_layers(cfg, group, shard_map, rank, fused)
     tp_model = GPT(cfg, layers=layers).to(model.tok_emb.weight.device)
     tp_model.load_state_dict(shard_state_dict(model.state_dict(), cfg, shard_map, layers.rank))
     return tp_model
@@ -262,9 +308,13 @@ class TPSpec:
     def degree(self) -> int:
         return self.shard_map.tp
 
-    def apply(self, model: GPT) -> GPT:
-        """This rank's tensor-parallel copy of the full ``model`` (``parallelize``)."""
-        return parallelize(model, self.group, self.shard_map, self.rank)
+    def apply(self, model: GPT, fused: bool = False, precision: str = "fp32") -> GPT:
+        """This rank's tensor-parallel copy of the full ``model`` (``parallelize``), for a run in
+        ``precision`` (refused with the reason where it does not compose: ``compose``)."""
+        from .compose import check_composition
+
+        check_composition(precision, tp=True, fsdp=False)
+        return parallelize(model, self.group, self.shard_map, self.rank, fused)
 
 
 def gather_full(
@@ -316,26 +366,100 @@ def gather_full_state_dict(tp_model: GPT, group: Group, shard_map: ShardMap) -> 
     return gather_full(tp_model.state_dict(), tp_model.config, group, shard_map)
 
 
+_OPTIM_TENSORS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")  # AdamW's per-element state
+
+
+def gather_full_optimizer(
+    optimizer: Mapping[str, Any],
+    names: list[str],
+    cfg: GPTConfig,
+    group: Group,
+    shard_map: ShardMap,
+) -> dict[str, Any]:
+    """The single-process form of a tensor-parallel AdamW's ``state_dict()``, on every rank: each
+    moment tensor of a sharded parameter gathered like the parameter (``gather_full``).
+
+    ``names``: the parameter name of each optimizer index (they are the same on every rank and
+    in one process: the same GPT, the same parameter order)."""
+    state = optimizer["state"]
+    full = {i: dict(s) for i, s in state.items()}
+    for key in _OPTIM_TENSORS:
+        tensors = {names[int(i)]: s[key] for i, s in state.items() if key in s}
+        if tensors:
+            gathered = gather_full(tensors, cfg, group, shard_map)
+            for i, s in full.items():
+                if key in s:
+                    s[key] = gathered[names[int(i)]]
+    return {"state": full, "param_groups": optimizer["param_groups"]}
+
+
+def shard_optimizer_state(
+    optimizer: Mapping[str, Any], names: list[str], cfg: GPTConfig, shard_map: ShardMap, rank: int
+) -> dict[str, Any]:
+    """The inverse of ``gather_full_optimizer``: ``rank``'s slice of each moment tensor."""
+    out = {}
+    for i, s in optimizer["state"].items():
+        name = names[int(i)]
+        cut = {k: v for k, v in s.items() if k in _OPTIM_TENSORS and torch.is_tensor(v)}
+        sliced = {
+            k: shard_state_dict({name: v}, cfg, shard_map, rank)[name] for k, v in cut.items()
+        }
+        out[i] = {**s, **sliced}
+    return {"state": out, "param_groups": optimizer["param_groups"]}
+
+
+def gather_checkpoint(
+    model: Mapping[str, torch.Tensor],
+    optimizer: Mapping[str, Any],
+    names: list[str],
+    cfg: GPTConfig,
+    group: Group,
+    shard_map: ShardMap,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A TP rank's model and optimizer state dicts -> the single-process ones (on every rank)."""
+    return (
+        gather_full(model, cfg, group, shard_map),
+        gather_full_optimizer(optimizer, names, cfg, group, shard_map),
+    )
+
+
+def shard_checkpoint(
+    model: Mapping[str, torch.Tensor],
+    optimizer: Mapping[str, Any],
+    names: list[str],
+    cfg: GPTConfig,
+    shard_map: ShardMap,
+    rank: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Single-process model and optimizer state dicts -> TP ``rank``'s (any map: resharding)."""
+    return (
+        shard_state_dict(model, cfg, shard_map, rank),
+        shard_optimizer_state(optimizer, names, cfg, shard_map, rank),
+    )
+
+
 @torch.no_grad()
-def tp_clip_grad_norm_(tp_model: GPT, max_norm: float, group: Group) -> torch.Tensor:
+def tp_clip_grad_norm_(
+    tp_model: GPT, max_norm: float, group: Group, fsdp_group: Group | None = None
+) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` for a tensor-parallel model: the norm of the *full*
     gradient, the same on every rank (so every rank clips by the same factor).
 
     Sharded gradients: sum of squares all-reduced over the group. Replicated ones: counted once.
+    ``fsdp_group``: the data-parallel ranks over which FSDP2 shards every gradient (a DTensor
+    whose local shard each rank squares); their sums are all-reduced over it first.
     """
     specs = unit_specs(tp_model.config)
-    grads = [(n, p.grad) for n, p in tp_model.named_parameters() if p.grad is not None]
+    grads = [(n, _local(p.grad)) for n, p in tp_model.named_parameters() if p.grad is not None]
     device = tp_model.tok_emb.weight.device
     # at least float32 (bf16/fp16 grads), float64 for float64 grads, as clip_grad_norm_ does
     dtype = functools.reduce(torch.promote_types, (g.dtype for _, g in grads), torch.float32)
-    sq_sharded = torch.zeros((), device=device, dtype=dtype)
-    sq_replicated = torch.zeros((), device=device, dtype=dtype)
+    sq = torch.zeros(2, device=device, dtype=dtype)  # [sharded over TP, replicated over TP]
     for name, g in grads:
-        sq = torch.linalg.vector_norm(g.to(dtype)) ** 2
-        if _spec_of(name, specs) is None:
-            sq_replicated += sq
-        else:
-            sq_sharded += sq
+        sq[int(_spec_of(name, specs) is None)] += torch.linalg.vector_norm(g.to(dtype)) ** 2
+    if fsdp_group is not None and group_size(fsdp_group) > 1:
+        dist.all_reduce(sq, group=fsdp_group)
+    sq_sharded, sq_replicated = sq[0].clone(), sq[1]
     if group_size(group) > 1:
         dist.all_reduce(sq_sharded, group=group)
     total = (sq_sharded + sq_replicated).sqrt()
@@ -343,3 +467,10 @@ def tp_clip_grad_norm_(tp_model: GPT, max_norm: float, group: Group) -> torch.Te
     for _, g in grads:
         g.mul_(coef.to(g.dtype))
     return total
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2's gradients; a view: writing it writes the DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t

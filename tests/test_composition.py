@@ -1,0 +1,133 @@
+"""Every cell of the composition table (``parallel.compose``): refused with its reason, or
+trained under that layout and compared with one process.
+
+Two spawns run the cells that train, 2 steps each: on 2 gloo ranks TP alone (tp 2, a
+data-parallel group of one rank each) and FSDP2 alone (dp 2); on 4, both (dp 2 x tp 2). Every
+precision, fused or not. ``torch.compile`` (Inductor, compiling for real: tens of seconds per
+model on a CPU) runs in ``COMPILED`` only, and in ``test_parallel_2d`` (FP32 under dp 2 x tp 2);
+the other compiled cells are not run one by one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tutorial_lib.build import build_model
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import TokenData
+from tutorial_lib.parallel.compose import (
+    Cell,
+    check_composition,
+    composition_problem,
+    composition_table,
+)
+from tutorial_lib.parallel.dp_workers import DPRun, dp_layouts_worker
+from tutorial_lib.parallel.launch import spawn
+from tutorial_lib.train import TrainConfig, Trainer
+
+CFG = GPTConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=32)
+STEPS = 2
+# one process against the layout, per precision family: float32 sums in another order; BF16
+# and FP8 round activations; the stateless FP8 recipes scale each rank's slice by its own amax.
+REL = {"fp32": 1e-5, "tf32": 1e-5, "bf16": 1e-4, "fp8": 1e-4}
+FP8_REL = 1e-3
+
+
+def _rel(precision: str) -> float:
+    return REL.get(precision, FP8_REL)
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    tokens = torch.randint(0, 256, (3000,), generator=torch.Generator().manual_seed(1))
+    return tokens[:2500].to(torch.uint8), tokens[2500:].to(torch.uint8), CFG.block_size, 0
+
+
+def _cfg(precision: str) -> TrainConfig:
+    return TrainConfig(
+        steps=STEPS, batch_size=8, lr=3e-3, warmup_steps=1, eval_every=0,
+        precision=precision, seed=0, progress=False,
+    )  # fmt: skip
+
+
+def _layout(cell: Cell) -> tuple[tuple[int, ...], str, int]:
+    """(ranks, data-parallel mode, TP degree) of a cell."""
+    if cell.tp and cell.fsdp:
+        return (0, 1, 2, 3), "fsdp", 2
+    if cell.tp:
+        return (0, 1), "ddp", 2  # dp 1: DDP over a group of one rank is the identity
+    return (0, 1), "fsdp", 1
+
+
+TRAINED = [c for c in composition_table() if c.problem is None]
+REFUSED = [c for c in composition_table() if c.problem is not None]
+
+
+def _name(c: Cell) -> str:
+    parts = [c.precision, "tp" if c.tp else "", "fsdp" if c.fsdp else ""]
+    parts += ["fused" if c.fused else "", "compile" if c.compile else ""]
+    return "-".join(p for p in parts if p)
+
+
+COMPILED = {("fp8", True, True, False), ("bf16", True, False, True)}  # (precision, tp, fsdp, fused)
+RUN = [c for c in TRAINED if not c.compile or (c.precision, c.tp, c.fsdp, c.fused) in COMPILED]
+
+
+@pytest.fixture(scope="module")
+def trained() -> dict[str, list[float]]:
+    data = _data()
+    out = {}
+    for world in (2, 4):  # FP8's amaxes are reduced over every process: one spawn per size
+        cells = [c for c in RUN if len(_layout(c)[0]) == world]
+        jobs = []
+        for c in cells:
+            ranks, mode, tp = _layout(c)
+            run = DPRun(CFG, data, _cfg(c.precision), mode, tp=tp, fused=c.fused, compile=c.compile)
+            jobs.append((ranks, run))
+        results = spawn(dp_layouts_worker, world, jobs, timeout_s=900)[0]
+        out.update({_name(c): _losses(r["history"]) for c, r in zip(cells, results, strict=True)})
+    return out
+
+
+def _losses(history: list[dict[str, Any]]) -> list[float]:
+    return [float(row["loss"]) for row in history]
+
+
+def _single(precision: str, fused: bool) -> list[float]:
+    model = build_model(CFG, precision=precision, fused=fused, device="cpu", seed=0)
+    return _losses(Trainer(model, TokenData(*_data()), _cfg(precision), device="cpu").train())
+
+
+def test_the_table_covers_every_parallel_cell_and_refuses_few() -> None:
+    table = composition_table()
+    assert len(table) == 12 * 3 * 2 * 2  # precisions x (TP, FSDP2, both) x fused x compile
+    refused = {(c.precision, c.tp, c.fsdp) for c in REFUSED}
+    assert refused == {
+        ("fp16", True, False), ("fp16", False, True), ("fp16", True, True),
+        ("te-fp8", True, False), ("te-fp8", False, True), ("te-fp8", True, True),
+        ("te-fp8-fused", True, False), ("te-fp8-fused", False, True),
+        ("te-fp8-fused", True, True),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("cell", REFUSED, ids=_name)
+def test_each_refusal_raises_its_reason(cell: Cell) -> None:
+    reason = composition_problem(cell.precision, cell.tp, cell.fsdp)
+    assert reason is not None and cell.precision in reason and "Use " in reason
+    with pytest.raises(ValueError, match="Not supported: "):
+        check_composition(cell.precision, cell.tp, cell.fsdp)
+
+
+@pytest.mark.slow
+def test_every_other_cell_trains_like_one_process(trained: dict[str, list[float]]) -> None:
+    refs: dict[tuple[str, bool], list[float]] = {}
+    assert len(trained) == len(RUN) == len(TRAINED) // 2 + len(COMPILED)
+    for c in RUN:
+        key = (c.precision, c.fused)
+        if key not in refs:
+            refs[key] = _single(*key)
+        got = trained[_name(c)]
+        assert len(got) == STEPS, _name(c)
+        assert got == pytest.approx(refs[key], rel=_rel(c.precision)), _name(c)

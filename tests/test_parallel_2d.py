@@ -1,0 +1,120 @@
+"""2D parallelism (``parallel.mesh``): data parallelism over one mesh dimension, our Megatron
+tensor parallelism over the other, on 4 gloo ranks against one process.
+
+One ``spawn`` runs every layout in turn (starting processes costs seconds): dp 2 x tp 2 with
+FSDP2 and DDP in FP32, BF16 and FP8 (delayed and current scaling), ``torch.compile`` under it, a dp 2 x tp 2
+run saved at step 3 and resumed at dp 1 x tp 3 (uneven heads) and at tp 2; the main process
+resumes the same checkpoint alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tutorial_lib.build import build_model
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import TokenData
+from tutorial_lib.parallel.dp_workers import DPRun, dp_layouts_worker
+from tutorial_lib.parallel.launch import spawn
+from tutorial_lib.parallel.mesh import check_layout
+from tutorial_lib.train import TrainConfig, Trainer
+
+# 4 heads: tp 2 gives 2 heads per rank, tp 3 gives (2, 1, 1); FP8's shape rule holds at tp 2
+CFG = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=4, n_embd=32)
+STEPS = 6
+ALL = (0, 1, 2, 3)
+# FP32: the same sums in another order; BF16 rounds activations (a different order of float32
+# sums moves a loss by ~1e-5); FP8 quantizes each rank's slices with the shared amax-derived
+# scales (delayed) or the slice's own (current: the per-slice scale differs from one process's).
+REL = {"fp32": 1e-5, "bf16": 1e-4, "fp8": 2e-4, "fp8-current": 1e-3}  # measured: 6.8e-5, 1.5e-4
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    tokens = torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(0))
+    tokens = tokens.to(torch.uint8)
+    return tokens[:4500], tokens[4500:], CFG.block_size, 0
+
+
+def _cfg(precision: str) -> TrainConfig:
+    return TrainConfig(
+        steps=STEPS,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_every=0,
+        precision=precision,
+        seed=0,
+        progress=False,
+    )
+
+
+def _single(precision: str) -> list[float]:
+    model = build_model(CFG, precision=precision, device="cpu", seed=0)
+    trainer = Trainer(model, TokenData(*_data()), _cfg(precision), device="cpu")
+    return _losses(trainer.train())
+
+
+def _losses(history: list[dict[str, Any]]) -> list[float]:
+    return [float(row["loss"]) for row in history]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("mesh")
+    data = _data()
+    jobs: dict[str, tuple[tuple[int, ...], DPRun]] = {}
+    for precision in ("fp32", "bf16", "fp8", "fp8-current"):
+        jobs[f"fsdp-{precision}"] = (ALL, DPRun(CFG, data, _cfg(precision), "fsdp", tp=2))
+    jobs["ddp-fp32"] = (ALL, DPRun(CFG, data, _cfg("fp32"), "ddp", tp=2))
+    jobs["fsdp-compile"] = (ALL, DPRun(CFG, data, _cfg("fp32"), "fsdp", tp=2, compile=True))
+    save = str(tmp / "dp2tp2.pt")
+    jobs["save"] = (ALL, DPRun(CFG, data, _cfg("fp32"), "fsdp", steps=3, save=save, tp=2))
+    jobs["tp3"] = ((0, 1, 2), DPRun(CFG, data, _cfg("fp32"), "fsdp", resume=save, tp=3, seed=9))
+    jobs["tp2"] = ((0, 1), DPRun(CFG, data, _cfg("fp32"), "ddp", resume=save, tp=2, seed=9))
+    ranks = spawn(dp_layouts_worker, 4, list(jobs.values()), timeout_s=600)
+    out = dict(zip(jobs, ranks[0], strict=True))
+    out["checkpoint"] = Path(save)
+    return out
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8", "fp8-current"])
+def test_dp2_tp2_reproduces_one_process(runs: dict[str, Any], precision: str) -> None:
+    """4 processes, dp 2 x tp 2, FSDP2 over dp: one process's losses on the same global batch."""
+    got = _losses(runs[f"fsdp-{precision}"]["history"])
+    assert len(got) == STEPS
+    assert got == pytest.approx(_single(precision), rel=REL[precision])
+
+
+def test_ddp_and_compiled_under_tp(runs: dict[str, Any]) -> None:
+    """DDP over the data-parallel dimension, and torch.compile under FSDP2 x TP (fused kernels
+    and the other precisions: tests/test_composition.py)."""
+    ref = _single("fp32")
+    assert _losses(runs["ddp-fp32"]["history"]) == pytest.approx(ref, rel=1e-5)
+    assert _losses(runs["fsdp-compile"]["history"]) == pytest.approx(ref, rel=1e-5)
+
+
+def test_a_dp2_tp2_checkpoint_resumes_at_any_layout(runs: dict[str, Any]) -> None:
+    """Saved at step 3 as dp 2 x tp 2; resumed alone, at dp 1 x tp 3 (heads 2, 1, 1) and at
+    tp 2: steps 4 to 6 are those of the uninterrupted single process."""
+    ref = _single("fp32")
+    alone = Trainer(
+        build_model(CFG, device="cpu", seed=5), TokenData(*_data()), _cfg("fp32"), device="cpu"
+    )
+    alone.resume(runs["checkpoint"])
+    assert alone.step == 3
+    assert _losses(alone.train()[3:]) == pytest.approx(ref[3:], rel=1e-5)
+    for layout in ("tp3", "tp2"):
+        history = runs[layout]["history"]
+        assert [int(r["step"]) for r in history[3:]] == [3, 4, 5], layout  # counted from 0
+        assert _losses(history[3:]) == pytest.approx(ref[3:], rel=1e-5), layout
+
+
+def test_bad_layouts_are_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"--dp 2 --tp 2 needs 4 processes, but WORLD_SIZE is 3"):
+        check_layout(2, 2, 3)
+    with pytest.raises(ValueError, match=r"--tp 8 needs at least one attention head per rank"):
+        check_layout(1, 8, 8, CFG)

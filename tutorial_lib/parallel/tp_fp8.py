@@ -1,0 +1,84 @@
+"""The tensor-parallel layers in FP8: the local GEMM of ``FP8Linear``, Megatron's collectives
+around it unchanged.
+
+    column   y_mine = FP8Linear(f(x))                  (f: ``copy_to_tp``)
+    row      y = g(FP8Linear_no_bias(x_mine)) + b      (g: ``reduce_from_tp``; the bias once)
+
+Both are ``FP8Linear`` subclasses with the local shapes (so every recipe, the scaling state,
+checkpointed recompute and state dicts work as for one process) and the same Parameters and
+parameter names as the ``ColumnParallelLinear``/``RowParallelLinear`` they replace
+(``convert_to_fp8`` calls the layer's ``to_fp8``).
+
+Scales and amaxes. Each rank quantizes its own tensors: the replicated input of a column layer,
+its slice of a weight, its slice of a row layer's input and of a column layer's output gradient.
+Under delayed scaling the amaxes are MAX-all-reduced over every process before each update (the
+autocast's ``amax_reduction_group``, the world by default: TE's ``amax_reduction_group`` over the
+data- and tensor-parallel ranks), so every rank holds the scales one process would hold, and a
+TP run reproduces the single process up to float rounding. The recipes that scale from the tensor
+at hand (current, rowwise, block, MXFP8, NVFP4) take the amax of the rank's own slice, as TE's
+do without sequence parallelism: a slice's scale can be finer than the whole tensor's, so the
+quantization differs a little from one process's (tested within the FP8 tolerance).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..fp8.linear import FP8Linear
+from .comm import Group, copy_to_tp, reduce_from_tp
+from .shard import UnitSpec
+
+__all__ = ["FP8ColumnParallelLinear", "FP8RowParallelLinear", "fp8_parallel_linear"]
+
+
+class _FP8Sharded(FP8Linear):
+    group: Group
+    unit_spec: UnitSpec
+    units: tuple[int, ...]
+    total_units: int
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, {self.unit_spec.axis}={self.units} (FP8, TP)"
+
+
+class FP8ColumnParallelLinear(_FP8Sharded):
+    """``ColumnParallelLinear`` with an FP8 GEMM: the output sharded over my units."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(copy_to_tp(x, self.group))
+
+
+class FP8RowParallelLinear(_FP8Sharded):
+    """``RowParallelLinear`` with an FP8 GEMM: partial sums all-reduced, then the full bias."""
+
+    def _gemm_bias(self) -> torch.Tensor | None:
+        return None  # added once, after the all-reduce
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_from_tp(super().forward(x), self.group)
+        return y if self.bias is None else y + self.bias
+
+
+def fp8_parallel_linear(layer: nn.Module, **fp8_kwargs: Any) -> FP8Linear:
+    """The FP8 variant of a ``ColumnParallelLinear`` or ``RowParallelLinear``, holding its
+    Parameters (no copy), its group and its units."""
+    from .tp import ColumnParallelLinear, RowParallelLinear
+
+    if isinstance(layer, ColumnParallelLinear):
+        cls: type[_FP8Sharded] = FP8ColumnParallelLinear
+    elif isinstance(layer, RowParallelLinear):
+        cls = FP8RowParallelLinear
+    else:
+        raise TypeError(f"No FP8 tensor-parallel variant of {type(layer).__name__}.")
+    out_features, in_features = layer.weight.shape  # the local shapes
+    new = cls(in_features, out_features, bias=layer.bias is not None, device="meta", **fp8_kwargs)
+    new.weight = layer.weight
+    new.bias = layer.bias  # type: ignore[assignment]
+    new.group, new.unit_spec = layer.group, layer.unit_spec
+    new.units, new.total_units = layer.units, layer.total_units
+    new._init_fp8_buffers(new.fp8_state.forward.history_len, layer.weight.device)
+    new.train(layer.training)
+    return new
