@@ -181,14 +181,21 @@ def test_compile_combines_with_fp8(data_factory: Callable[..., TokenData]) -> No
 
 
 def test_build_model_refuses_what_cannot_combine() -> None:
-    class _TP:  # stands in for parallel.TPSpec: build_model must refuse before applying it
+    calls = []
+
+    class _TP:  # stands in for parallel.TPSpec: told about the fused kernels and the precision
         degree = 2
 
-        def apply(self, model: GPT) -> GPT:
-            raise AssertionError("not reached")
+        def apply(self, model: GPT, fused: bool, precision: str) -> GPT:
+            calls.append((fused, precision))
+            return model
 
-    with pytest.raises(ValueError, match="Tensor parallelism does not combine"):
-        build_model(TINY, fused=True, tp=_TP())  # type: ignore[arg-type]
+    build_model(TINY, fused=True, tp=_TP())  # type: ignore[arg-type]
+    assert calls == [(True, "fp32")]
+    from tutorial_lib.parallel import ShardMap, TPSpec
+
+    with pytest.raises(ValueError, match="Not supported: 'te-fp8' under our tensor parallelism"):
+        TPSpec(None, ShardMap.even(TINY, 1)).apply(GPT(TINY), precision="te-fp8")
     with pytest.raises(ValueError, match="layers= .* or fused=True"):
         build_model(TINY, fused=True, layers=TritonLayers())
     with pytest.raises(ValueError, match="Unknown precision policy 'fp7'"):

@@ -70,15 +70,39 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for precision in ("fp32", "bf16", "fp8", "fp8-current"):
         jobs[f"fsdp-{precision}"] = (ALL, DPRun(CFG, data, _cfg(precision), "fsdp", tp=2))
     jobs["ddp-fp32"] = (ALL, DPRun(CFG, data, _cfg("fp32"), "ddp", tp=2))
+    split = {"sequence_parallel": True, "vocab_parallel": True}  # parallel.tp.TPGPT
+    for precision in ("fp32", "bf16", "fp8"):
+        jobs[f"sp-vocab-{precision}"] = (ALL, DPRun(CFG, data, _cfg(precision), tp=2, **split))
+    jobs["sp-fused"] = (
+        ALL,
+        DPRun(CFG, data, _cfg("fp32"), tp=2, fused=True, sequence_parallel=True),
+    )
     jobs["fsdp-compile"] = (ALL, DPRun(CFG, data, _cfg("fp32"), "fsdp", tp=2, compile=True))
     save = str(tmp / "dp2tp2.pt")
-    jobs["save"] = (ALL, DPRun(CFG, data, _cfg("fp32"), "fsdp", steps=3, save=save, tp=2))
-    jobs["tp3"] = ((0, 1, 2), DPRun(CFG, data, _cfg("fp32"), "fsdp", resume=save, tp=3, seed=9))
+    jobs["save"] = (ALL, DPRun(CFG, data, _cfg("fp32"), steps=3, save=save, tp=2, **split))
+    jobs["tp3"] = (
+        (0, 1, 2),
+        DPRun(CFG, data, _cfg("fp32"), resume=save, tp=3, seed=9, vocab_parallel=True),
+    )
     jobs["tp2"] = ((0, 1), DPRun(CFG, data, _cfg("fp32"), "ddp", resume=save, tp=2, seed=9))
     ranks = spawn(dp_layouts_worker, 4, list(jobs.values()), timeout_s=600)
     out = dict(zip(jobs, ranks[0], strict=True))
     out["checkpoint"] = Path(save)
     return out
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"])
+def test_sequence_and_vocabulary_parallel(runs: dict[str, Any], precision: str) -> None:
+    """dp 2 x tp 2 with the LayerNorms and residuals on sequence slices and the embedding, head
+    and loss split over the vocabulary: one process's losses."""
+    got = _losses(runs[f"sp-vocab-{precision}"]["history"])
+    assert got == pytest.approx(_single(precision), rel=REL[precision])
+
+
+def test_sequence_parallel_with_fused_kernels(runs: dict[str, Any]) -> None:
+    model = build_model(CFG, fused=True, device="cpu", seed=0)
+    ref = _losses(Trainer(model, TokenData(*_data()), _cfg("fp32"), device="cpu").train())
+    assert _losses(runs["sp-fused"]["history"]) == pytest.approx(ref, rel=1e-5)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8", "fp8-current"])
@@ -98,8 +122,9 @@ def test_ddp_and_compiled_under_tp(runs: dict[str, Any]) -> None:
 
 
 def test_a_dp2_tp2_checkpoint_resumes_at_any_layout(runs: dict[str, Any]) -> None:
-    """Saved at step 3 as dp 2 x tp 2; resumed alone, at dp 1 x tp 3 (heads 2, 1, 1) and at
-    tp 2: steps 4 to 6 are those of the uninterrupted single process."""
+    """Saved at step 3 as dp 2 x tp 2 (sequence- and vocabulary-parallel); resumed alone, at
+    dp 1 x tp 3 (heads 2, 1, 1; vocabulary 86, 85, 85) and at tp 2 (vocabulary replicated): steps
+    4 to 6 are those of the uninterrupted single process."""
     ref = _single("fp32")
     alone = Trainer(
         build_model(CFG, device="cpu", seed=5), TokenData(*_data()), _cfg("fp32"), device="cpu"

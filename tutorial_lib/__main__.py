@@ -84,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="data-parallel degree (--batch-size is the global batch); torchrun --nproc-per-node N",
     )
     train.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="with --tp: LayerNorms and residuals on sequence slices (T must divide by --tp)",
+    )
+    train.add_argument(
+        "--vocab-parallel",
+        action="store_true",
+        help="with --tp: split the embedding, LM head and loss over the vocabulary",
+    )
+    train.add_argument(
         "--dp-mode",
         choices=("fsdp", "ddp"),
         default="fsdp",
@@ -228,8 +238,15 @@ def _train(args: argparse.Namespace) -> int:
             device=args.device,
             out_dir=args.out,
             seed=args.seed,
+            sequence_parallel=args.sequence_parallel,
+            vocab_parallel=args.vocab_parallel,
         )
     else:
+        if args.sequence_parallel or args.vocab_parallel:
+            raise ValueError(
+                "--sequence-parallel and --vocab-parallel split over the tensor-parallel ranks: "
+                "use them with --tp 2 or more under torchrun."
+            )
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         model = build_model(
             model_cfg,

@@ -41,8 +41,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x).chunk(3, dim=2)  # 3 x (B, T, C); a TP shard has fewer columns
+        qkv = self.qkv(x)  # (B, T, 3C); the whole sequence even when x is a sequence-parallel slice
+        B, T, _ = qkv.shape
+        q, k, v = qkv.chunk(3, dim=2)  # 3 x (B, T, C); a TP shard has fewer columns
         # (B, T, C) -> (B, nh, T, hs): nh follows from the width, so a shard with 3 heads works
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(

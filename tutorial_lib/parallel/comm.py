@@ -21,8 +21,11 @@ and ``g`` by a reduce-scatter, which move the same bytes as one all-reduce (a ri
     ``ScatterToSequenceParallel``   reduce-scatter in forward, all-gather in backward (Megatron
                                      calls it "reduce-scatter to the sequence-parallel region")
 
-The book covers sequence parallelism briefly: these operators are tested, the GPT does not use
-them. Sequence splits must be even (every rank the same length).
+Two more close the region at its ends: ``SplitToSequenceParallel`` (keep my slice; all-gather the
+gradient) where the replicated embeddings enter it, and ``GatherReplicatedGrad`` (all-gather;
+keep my slice of the replicated gradient) where it ends before a replicated LM head. The GPT
+uses them all with ``TPSpec(sequence_parallel=True)`` (``parallel.tp``). Sequence splits must be
+even (every rank the same length).
 
 Every operator takes a process group; ``None`` (or a group of one rank) makes it the identity,
 so the same model code runs at TP 1 without ``torch.distributed``.
@@ -42,6 +45,9 @@ __all__ = [
     "ReduceFromTensorParallel",
     "GatherFromSequenceParallel",
     "ScatterToSequenceParallel",
+    "SplitToSequenceParallel",
+    "GatherReplicatedGrad",
+    "split_to_sp",
     "copy_to_tp",
     "reduce_from_tp",
     "gather_from_sp",
@@ -180,6 +186,38 @@ class GatherFromSequenceParallel(torch.autograd.Function):
         return _reduce_scatter(grad, ctx.group, ctx.dim), None, None
 
 
+class SplitToSequenceParallel(torch.autograd.Function):
+    """Keep this rank's slice of the sequence in forward (no communication), all-gather in
+    backward: where a replicated activation (the embeddings) enters the sequence-parallel region.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+        ctx.group, ctx.dim = group, dim
+        n, r = group_size(group), group_rank(group)
+        return x.chunk(n, dim)[r].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _all_gather(grad, ctx.group, ctx.dim), None, None
+
+
+class GatherReplicatedGrad(torch.autograd.Function):
+    """All-gather along the sequence in forward; in backward keep this rank's slice of the
+    gradient, which is the same on every rank (Megatron's ``tensor_parallel_output_grad=False``):
+    where the sequence-parallel region ends before a replicated layer (a replicated LM head)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+        ctx.group, ctx.dim = group, dim
+        return _all_gather(x, group, dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        n, r = group_size(ctx.group), group_rank(ctx.group)
+        return grad.chunk(n, ctx.dim)[r].contiguous(), None, None
+
+
 class ScatterToSequenceParallel(torch.autograd.Function):
     """Reduce-scatter in forward, all-gather in backward.
 
@@ -208,9 +246,24 @@ def reduce_from_tp(x: torch.Tensor, group: Group) -> torch.Tensor:
     return x if group_size(group) == 1 else ReduceFromTensorParallel.apply(x, group)
 
 
-def gather_from_sp(x: torch.Tensor, group: Group, dim: int = 1) -> torch.Tensor:
-    """All-gather along ``dim`` (the sequence: 1 for (B, T, C)) forward, reduce-scatter backward."""
-    return x if group_size(group) == 1 else GatherFromSequenceParallel.apply(x, group, dim)
+def gather_from_sp(
+    x: torch.Tensor, group: Group, dim: int = 1, partial_grad: bool = True
+) -> torch.Tensor:
+    """All-gather along ``dim`` (the sequence: 1 for (B, T, C)) forward; backward: reduce-scatter
+    when each rank's gradient is a partial sum (``partial_grad``: a parallel layer follows), else
+    this rank's slice of the replicated gradient (a replicated layer follows)."""
+    if group_size(group) == 1:
+        return x
+    op = GatherFromSequenceParallel if partial_grad else GatherReplicatedGrad
+    return op.apply(x, group, dim)
+
+
+def split_to_sp(x: torch.Tensor, group: Group, dim: int = 1) -> torch.Tensor:
+    """This rank's 1/n of ``x`` along ``dim`` forward, all-gather backward (even splits)."""
+    if group_size(group) == 1:
+        return x
+    _check_even(x, group_size(group), dim)
+    return SplitToSequenceParallel.apply(x, group, dim)
 
 
 def scatter_to_sp(x: torch.Tensor, group: Group, dim: int = 1) -> torch.Tensor:

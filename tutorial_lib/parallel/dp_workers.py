@@ -51,6 +51,8 @@ class DPRun:
     tp: int = 1  # tensor-parallel degree: a (len(ranks) / tp) x tp mesh (parallel.mesh)
     fused: bool = False
     compile: bool = False
+    sequence_parallel: bool = False  # with tp > 1 (parallel.tp.TPGPT)
+    vocab_parallel: bool = False  # with tp > 1: a vocabulary-parallel embedding, head and loss
 
 
 def dp_train_worker(rank: int, world_size: int, *runs: DPRun) -> list[dict[str, Any]]:
@@ -81,7 +83,10 @@ def dp_train(
     rank's TP shards when ``run.tp`` > 1, over ``tp_group``), train it under ``DPTrainer`` over
     ``group`` (default: all ranks) and return the history (and the memory, with
     ``run.measure``)."""
-    spec = TPSpec(tp_group, ShardMap.even(run.model, run.tp)) if run.tp > 1 else None
+    spec = None
+    if run.tp > 1:
+        shard_map = ShardMap.even(run.model, run.tp, vocab_parallel=run.vocab_parallel)
+        spec = TPSpec(tp_group, shard_map, sequence_parallel=run.sequence_parallel)
     if run.compile:  # a fresh start: earlier runs' graphs would count towards the recompile limit
         torch._dynamo.reset()
     model = build_model(

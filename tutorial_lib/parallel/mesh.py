@@ -92,16 +92,25 @@ def parallel_trainer(
     device: str | None = None,
     out_dir: str | Path | None = None,
     seed: int = 0,
+    sequence_parallel: bool = False,
+    vocab_parallel: bool = False,
 ) -> Trainer:
     """Under torchrun with ``dp * tp`` processes: join them, make the mesh, build this rank's
     model (the same seeded full weights everywhere, cut for its TP rank) and return its
-    trainer. Build ``data`` with the same seed on every rank."""
+    trainer. Build ``data`` with the same seed on every rank. ``sequence_parallel`` and
+    ``vocab_parallel`` need ``tp`` > 1 (``parallel.tp.TPGPT``)."""
+    if (sequence_parallel or vocab_parallel) and tp == 1:
+        raise ValueError(
+            "--sequence-parallel and --vocab-parallel split over the tensor-parallel ranks: "
+            "use them with --tp 2 or more."
+        )
     check_layout(dp, tp, int(os.environ.get("WORLD_SIZE", "1")), model_cfg)
     local_rows(cfg.batch_size, dp, 0)  # a batch that does not split: the error, before starting
     env = join_torchrun("--tp" if dp == 1 else "--dp", dp * tp, device)
     dev = torch.device(device or env.device)
     dp_group, tp_group = mesh_groups(dp, tp, dev.type)
-    spec = TPSpec(tp_group, ShardMap.even(model_cfg, tp)) if tp > 1 else None
+    shard_map = ShardMap.even(model_cfg, tp, vocab_parallel=vocab_parallel)
+    spec = TPSpec(tp_group, shard_map, sequence_parallel=sequence_parallel) if tp > 1 else None
     model = build_model(
         model_cfg, precision=cfg.precision, fused=fused, compile=compile, tp=spec, device=dev,
         seed=seed,

@@ -19,6 +19,7 @@ least one head and one hidden unit. The errors name the problem and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ __all__ = [
     "split_evenly",
     "UnitSpec",
     "unit_specs",
+    "VOCAB_SPEC",
     "global_index",
     "split_by_unit",
     "join_units",
@@ -67,12 +69,17 @@ class ShardMap:
             tensors hold them.
         ffn: ``ffn[r]`` are rank r's hidden-unit indices in [0, ffn_size).
         n_head, ffn_size: the model's totals (``cfg.n_head``, ``4 * cfg.n_embd``).
+        vocab: for a vocabulary-parallel embedding and LM head, ``vocab[r]`` are the token ids
+            whose embedding rows rank r holds (contiguous); None: replicated on every rank.
+        vocab_size: the model's vocabulary (with ``vocab``).
     """
 
     heads: Units
     ffn: Units
     n_head: int
     ffn_size: int
+    vocab: Units | None = None
+    vocab_size: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "heads", tuple(tuple(int(i) for i in h) for h in self.heads))
@@ -84,6 +91,19 @@ class ShardMap:
             )
         _check_cover("heads", self.heads, self.n_head)
         _check_cover("FFN columns", self.ffn, self.ffn_size)
+        if self.vocab is not None:
+            object.__setattr__(self, "vocab", tuple(tuple(int(i) for i in v) for v in self.vocab))
+            if len(self.vocab) != len(self.heads):
+                raise ValueError(
+                    f"The shard map lists {len(self.vocab)} ranks for the vocabulary but "
+                    f"{len(self.heads)} for heads; give every axis one entry per TP rank."
+                )
+            _check_cover("vocabulary rows", self.vocab, self.vocab_size)
+            if any(list(v) != list(range(v[0], v[0] + len(v))) for v in self.vocab):
+                raise ValueError(
+                    "Each rank's vocabulary rows must be one contiguous range of token ids (the "
+                    "vocabulary-parallel embedding and loss test id ranges); use split_evenly."
+                )
 
     @property
     def tp(self) -> int:
@@ -91,15 +111,29 @@ class ShardMap:
         return len(self.heads)
 
     @classmethod
-    def even(cls, cfg: GPTConfig, tp: int) -> ShardMap:
-        """Contiguous blocks, as even as possible (equal when ``tp`` divides both axes)."""
+    def even(cls, cfg: GPTConfig, tp: int, vocab_parallel: bool = False) -> ShardMap:
+        """Contiguous blocks, as even as possible (equal when ``tp`` divides both axes); with
+        ``vocab_parallel`` the vocabulary too."""
         if not 1 <= tp <= cfg.n_head:
             raise ValueError(
                 f"TP degree {tp} needs 1 <= tp <= n_head={cfg.n_head}: every rank must own at "
                 "least one attention head. Use a smaller TP degree or a model with more heads."
             )
         ffn = 4 * cfg.n_embd
-        return cls(split_evenly(cfg.n_head, tp), split_evenly(ffn, tp), cfg.n_head, ffn)
+        shard_map = cls(split_evenly(cfg.n_head, tp), split_evenly(ffn, tp), cfg.n_head, ffn)
+        return shard_map.with_vocab(cfg) if vocab_parallel else shard_map
+
+    def with_vocab(self, cfg: GPTConfig) -> ShardMap:
+        """This map with the vocabulary split too, in contiguous blocks as even as possible."""
+        vocab = split_evenly(cfg.vocab_size, self.tp)
+        return dataclasses.replace(self, vocab=vocab, vocab_size=cfg.vocab_size)
+
+    def vocab_range(self, rank: int) -> tuple[int, int]:
+        """The token ids [start, end) whose rows rank ``rank`` holds (vocabulary-parallel)."""
+        if self.vocab is None:
+            raise ValueError("This shard map does not split the vocabulary (ShardMap.with_vocab).")
+        rows = self.vocab[rank]
+        return rows[0], rows[-1] + 1
 
     @classmethod
     def from_units(
@@ -110,6 +144,11 @@ class ShardMap:
 
     def check_model(self, cfg: GPTConfig) -> None:
         """Raise ``ValueError`` if this map was made for another model's head or FFN count."""
+        if self.vocab is not None and self.vocab_size != cfg.vocab_size:
+            raise ValueError(
+                f"This shard map splits a vocabulary of {self.vocab_size}, the model has "
+                f"{cfg.vocab_size}; build it from the same GPTConfig (ShardMap.with_vocab(cfg))."
+            )
         if (self.n_head, self.ffn_size) != (cfg.n_head, 4 * cfg.n_embd):
             raise ValueError(
                 f"This shard map splits {self.n_head} heads and {self.ffn_size} FFN columns, "
@@ -175,6 +214,9 @@ class UnitSpec:
     dim: int
     groups: int
     width: int
+
+
+VOCAB_SPEC = UnitSpec("vocab", 0, 1, 1)  # tok_emb.weight under a vocabulary-parallel map
 
 
 def unit_specs(cfg: GPTConfig) -> dict[str, UnitSpec]:

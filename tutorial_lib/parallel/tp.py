@@ -41,14 +41,29 @@ from torch import nn
 from ..config import GPTConfig
 from ..layers import LINEAR_ROLES, TorchLayers
 from ..model import GPT
-from .comm import Group, copy_to_tp, group_rank, group_size, reduce_from_tp
-from .shard import ShardMap, UnitSpec, global_index, unit_specs
+from .comm import (
+    Group,
+    copy_to_tp,
+    gather_from_sp,
+    group_rank,
+    group_size,
+    reduce_from_tp,
+    scatter_to_sp,
+    split_to_sp,
+)
+from .shard import VOCAB_SPEC, ShardMap, UnitSpec, global_index, unit_specs
+from .vocab import gather_vocab, vocab_parallel_cross_entropy, vocab_parallel_embedding
 
 __all__ = [
     "TPSpec",
     "ColumnParallelLinear",
     "RowParallelLinear",
     "TPLayers",
+    "TPGPT",
+    "SequenceParallelLayerNorm",
+    "column_input",
+    "row_output",
+    "row_bias",
     "check_tp_setup",
     "shard_state_dict",
     "parallelize",
@@ -102,6 +117,28 @@ class _ShardedLinear(nn.Module):
         return fp8_parallel_linear(self, **fp8_kwargs)
 
 
+def column_input(x: torch.Tensor, group: Group, sequence_parallel: bool) -> torch.Tensor:
+    """What a column-parallel layer multiplies: ``f(x)``, or under sequence parallelism the
+    whole sequence gathered from every rank's slice (reduce-scatter in backward)."""
+    return gather_from_sp(x, group, dim=1) if sequence_parallel else copy_to_tp(x, group)
+
+
+def row_output(y: torch.Tensor, group: Group, sequence_parallel: bool) -> torch.Tensor:
+    """A row-parallel layer's partial sums, summed: ``g(y)``, or under sequence parallelism
+    summed and cut to this rank's slice of the sequence (reduce-scatter)."""
+    return scatter_to_sp(y, group, dim=1) if sequence_parallel else reduce_from_tp(y, group)
+
+
+def row_bias(
+    y: torch.Tensor, bias: torch.Tensor | None, group: Group, sequence_parallel: bool
+) -> torch.Tensor:
+    """The replicated bias, added once after the sum. On a sequence slice each rank sees only
+    its tokens, so the bias enters through ``f``: its gradient is summed over the ranks."""
+    if bias is None:
+        return y
+    return y + (copy_to_tp(bias, group) if sequence_parallel else bias)
+
+
 class ColumnParallelLinear(_ShardedLinear):
     """y_mine = f(x) @ W[my rows]^T + b[my rows]: the output stays sharded over my units.
 
@@ -118,18 +155,21 @@ class ColumnParallelLinear(_ShardedLinear):
         unit_spec: UnitSpec,
         units: tuple[int, ...],
         total_units: int,
+        sequence_parallel: bool = False,
     ) -> None:
         super().__init__(unit_spec, units, total_units)
         if unit_spec.dim != 0:
             raise ValueError("A column-parallel layer splits its output (UnitSpec.dim == 0).")
         self._check_full(out_features, "out_features")
         self.group, self.in_features, self.out_features = group, in_features, out_features
+        self.sequence_parallel = sequence_parallel
         self.weight = nn.Parameter(torch.empty(self.local_size, in_features))
         self.bias = nn.Parameter(torch.empty(self.local_size)) if bias else None
         self.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)  # (..., local_out)
+        x = column_input(x, self.group, self.sequence_parallel)
+        return F.linear(x, self.weight, self.bias)  # (..., local_out)
 
     def extra_repr(self) -> str:
         return (
@@ -154,19 +194,21 @@ class RowParallelLinear(_ShardedLinear):
         unit_spec: UnitSpec,
         units: tuple[int, ...],
         total_units: int,
+        sequence_parallel: bool = False,
     ) -> None:
         super().__init__(unit_spec, units, total_units)
         if unit_spec.dim != 1:
             raise ValueError("A row-parallel layer splits its input (UnitSpec.dim == 1).")
         self._check_full(in_features, "in_features")
         self.group, self.in_features, self.out_features = group, in_features, out_features
+        self.sequence_parallel = sequence_parallel
         self.weight = nn.Parameter(torch.empty(out_features, self.local_size))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tp(F.linear(x, self.weight), self.group)  # (..., out), replicated
-        return y if self.bias is None else y + self.bias
+        y = row_output(F.linear(x, self.weight), self.group, self.sequence_parallel)
+        return row_bias(y, self.bias, self.group, self.sequence_parallel)
 
     def extra_repr(self) -> str:
         return (
@@ -207,6 +249,8 @@ def _units(shard_map: ShardMap, spec: UnitSpec, rank: int) -> tuple[tuple[int, .
     """The units of ``rank`` on ``spec``'s axis, and that axis's total."""
     if spec.axis == "heads":
         return shard_map.heads[rank], shard_map.n_head
+    if spec.axis == "vocab" and shard_map.vocab is not None:
+        return shard_map.vocab[rank], shard_map.vocab_size
     return shard_map.ffn[rank], shard_map.ffn_size
 
 
@@ -218,10 +262,16 @@ class TPLayers(TorchLayers):
     """
 
     def __init__(
-        self, cfg: GPTConfig, group: Group, shard_map: ShardMap, rank: int | None = None
+        self,
+        cfg: GPTConfig,
+        group: Group,
+        shard_map: ShardMap,
+        rank: int | None = None,
+        sequence_parallel: bool = False,
     ) -> None:
         self.rank = check_tp_setup(cfg, group, shard_map, rank)
         self.cfg, self.group, self.shard_map = cfg, group, shard_map
+        self.sequence_parallel = sequence_parallel
         self.specs = unit_specs(cfg)
 
     def linear(self, in_features: int, out_features: int, bias: bool, role: str) -> nn.Module:
@@ -230,7 +280,32 @@ class TPLayers(TorchLayers):
         spec = self.specs[f"{role}.weight"]
         units, total = _units(self.shard_map, spec, self.rank)
         cls = ColumnParallelLinear if role in COLUMN_ROLES else RowParallelLinear
-        return cls(in_features, out_features, bias, self.group, spec, units, total)
+        sp = self.sequence_parallel
+        return cls(in_features, out_features, bias, self.group, spec, units, total, sp)
+
+    def layernorm(self, features: int, bias: bool) -> nn.Module:
+        if not self.sequence_parallel:
+            return super().layernorm(features, bias)
+        norm = SequenceParallelLayerNorm(features, bias=bias)
+        norm.group = self.group
+        return norm
+
+
+class SequenceParallelLayerNorm(nn.LayerNorm):
+    """LayerNorm on a sequence slice. Each rank normalizes only its tokens, so its gains get
+    only their part of the gradient; reading them through ``f`` (identity forward, all-reduce
+    backward) sums the parts over the TP ranks inside the backward (Megatron all-reduces the
+    same gradients after it)."""
+
+    group: Group = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = _through_f(self.weight, self.group), _through_f(self.bias, self.group)
+        return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
+
+
+def _through_f(p: torch.Tensor | None, group: Group) -> torch.Tensor | None:
+    return None if p is None else copy_to_tp(p, group)
 
 
 @functools.cache
@@ -238,25 +313,120 @@ def _fused_tp_layers() -> type[TPLayers]:
     """``TPLayers`` whose LayerNorms, blocks, GELU and loss are ``TritonLayers``' (deferred: the
     kernels import Triton). ``fold_fc_bias`` is off: ``BiasGELUMLP`` would call ``fc``'s weight
     directly and skip the column-parallel layer's forward (its ``f``)."""
-    from ..kernels.fused import TritonLayers
+    from ..kernels import fused
 
-    class FusedTPLayers(TPLayers, TritonLayers):
+    class SequenceParallelTritonLayerNorm(fused.TritonLayerNorm):
+        """The Triton LayerNorm on a sequence slice, gains through ``f`` (as
+        ``SequenceParallelLayerNorm``)."""
+
+        group: Group = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self._check()
+            w, b = _through_f(self.weight, self.group), _through_f(self.bias, self.group)
+            return fused.layer_norm(x, w, b, self.eps)
+
+        def add_forward(
+            self, x: torch.Tensor, a: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            self._check()
+            w, b = _through_f(self.weight, self.group), _through_f(self.bias, self.group)
+            return fused.add_layer_norm(x, a, w, b, self.eps)
+
+    class FusedTPLayers(TPLayers, fused.TritonLayers):
         fold_fc_bias = False
+
+        def layernorm(self, features: int, bias: bool) -> nn.Module:
+            if not self.sequence_parallel:
+                return fused.TritonLayers.layernorm(self, features, bias)
+            norm = SequenceParallelTritonLayerNorm(features, eps=1e-5, bias=bias)
+            norm.group = self.group
+            return norm
 
     return FusedTPLayers
 
 
 def tp_layers(
-    cfg: GPTConfig, group: Group, shard_map: ShardMap, rank: int | None = None, fused: bool = False
+    cfg: GPTConfig,
+    group: Group,
+    shard_map: ShardMap,
+    rank: int | None = None,
+    fused: bool = False,
+    sequence_parallel: bool = False,
 ) -> TPLayers:
     """The layer factory of a tensor-parallel model: ``TPLayers``, or with ``fused`` the same
     parallel Linear layers among the Triton kernels of ``kernels.TritonLayers``."""
     cls = _fused_tp_layers() if fused else TPLayers
-    return cls(cfg, group, shard_map, rank)
+    return cls(cfg, group, shard_map, rank, sequence_parallel)
 
 
-def _spec_of(name: str, specs: Mapping[str, UnitSpec]) -> UnitSpec | None:
-    """The UnitSpec of a model parameter name ("blocks.3.attn.qkv.weight"), None if replicated."""
+class TPGPT(GPT):
+    """The GPT of one TP rank: its blocks from ``TPLayers``, and the two options that reach
+    outside the blocks.
+
+    sequence parallelism (``layers.sequence_parallel``): the embeddings are cut along the
+        sequence (``split_to_sp``); between the parallel layers every rank holds B x T/t tokens
+        (LayerNorms, residual adds: 1/t of the activations); the final LayerNorm's output is
+        gathered for the LM head. T must divide by t.
+    vocabulary parallelism (``shard_map.vocab``): ``tok_emb.weight`` holds this rank's rows;
+        the embedding, the tied head and the loss are ``parallel.vocab``'s, and no rank ever
+        holds the (B x T, V) logits while training. Without ``targets`` the logits are gathered
+        (generation wants the whole distribution).
+    """
+
+    def __init__(self, cfg: GPTConfig, layers: TPLayers) -> None:
+        super().__init__(cfg, layers)
+        self.group, self.shard_map, self.tp_rank = layers.group, layers.shard_map, layers.rank
+        self.sequence_parallel = layers.sequence_parallel
+        self.vocab_start = 0
+        if self.shard_map.vocab is not None:
+            self.vocab_start, end = self.shard_map.vocab_range(self.tp_rank)
+            self.tok_emb = nn.Embedding(end - self.vocab_start, cfg.n_embd)
+            nn.init.normal_(self.tok_emb.weight, mean=0.0, std=0.02)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T = idx.shape
+        if T > self.config.block_size:
+            return super().forward(idx, targets)  # its error names the fix
+        vocab, sp, group = self.shard_map.vocab is not None, self.sequence_parallel, self.group
+        pos = self.pos_emb(torch.arange(T, device=idx.device))
+        if vocab:
+            tok = vocab_parallel_embedding(idx, self.tok_emb.weight, self.vocab_start, group)
+        else:
+            tok = self.tok_emb(idx)
+        x = self.drop(tok + pos)  # (B, T, C), replicated
+        if sp:
+            x = split_to_sp(x, group, dim=1)  # (B, T/t, C)
+        for block in self.blocks:
+            x = block(x)
+        h = self.ln_f(x)
+        if sp:  # the head needs every token; its gradient is partial (vocab) or replicated
+            h = gather_from_sp(h, group, dim=1, partial_grad=vocab)
+        elif vocab:
+            h = copy_to_tp(h, group)
+        logits = F.linear(h, self.tok_emb.weight)  # (B, T, V) or (B, T, this rank's V)
+        loss = None
+        if targets is not None:
+            flat, y = logits.view(B * T, -1), targets.reshape(B * T)
+            if vocab:
+                loss = vocab_parallel_cross_entropy(flat, y, self.vocab_start, group)
+            else:
+                loss = self.loss_fn(flat, y)
+        elif vocab:
+            sizes = [len(v) for v in self.shard_map.vocab or ()]
+            logits = gather_vocab(logits, sizes, group)
+        return logits, loss
+
+
+def _spec_of(
+    name: str, specs: Mapping[str, UnitSpec], shard_map: ShardMap | None = None
+) -> UnitSpec | None:
+    """The UnitSpec of a model parameter name ("blocks.3.attn.qkv.weight"), None if replicated
+    (the token embedding is sharded when ``shard_map`` splits the vocabulary)."""
+    if name == "tok_emb.weight" and shard_map is not None and shard_map.vocab is not None:
+        return VOCAB_SPEC
     parts = name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blocks":
         return specs.get(parts[2])
@@ -271,7 +441,7 @@ def shard_state_dict(
     specs = unit_specs(cfg)
     out = {}
     for name, tensor in full.items():
-        spec = _spec_of(name, specs)
+        spec = _spec_of(name, specs, shard_map)
         if spec is None:
             out[name] = tensor
         else:
@@ -282,16 +452,24 @@ def shard_state_dict(
 
 
 def parallelize(
-    model: GPT, group: Group, shard_map: ShardMap, rank: int | None = None, fused: bool = False
+    model: GPT,
+    group: Group,
+    shard_map: ShardMap,
+    rank: int | None = None,
+    fused: bool = False,
+    sequence_parallel: bool = False,
 ) -> GPT:
-    """A tensor-parallel copy of ``model`` holding this rank's shards (on the model's device);
-    ``fused``: with the Triton kernels around the parallel layers (``tp_layers``).
+    """A tensor-parallel copy of ``model`` holding this rank's shards (on the model's device), a
+    ``TPGPT``; ``fused``: with the Triton kernels around the parallel layers (``tp_layers``);
+    ``sequence_parallel``: the blocks' LayerNorms and residuals on sequence slices; a map that
+    splits the vocabulary (``ShardMap.with_vocab``) makes the embedding, head and loss
+    vocabulary-parallel.
 
     Every rank must pass the same full weights (same seed, or a loaded checkpoint).
     """
     cfg = model.config
-    layers = tp_layers(cfg, group, shard_map, rank, fused)
-    tp_model = GPT(cfg, layers=layers).to(model.tok_emb.weight.device)
+    layers = tp_layers(cfg, group, shard_map, rank, fused, sequence_parallel)
+    tp_model = TPGPT(cfg, layers).to(model.tok_emb.weight.device)
     tp_model.load_state_dict(shard_state_dict(model.state_dict(), cfg, shard_map, layers.rank))
     return tp_model
 
@@ -303,6 +481,7 @@ class TPSpec:
     group: Group
     shard_map: ShardMap
     rank: int | None = None  # the rank within ``group``; None: ask the group
+    sequence_parallel: bool = False
 
     @property
     def degree(self) -> int:
@@ -314,7 +493,8 @@ class TPSpec:
         from .compose import check_composition
 
         check_composition(precision, tp=True, fsdp=False)
-        return parallelize(model, self.group, self.shard_map, self.rank, fused)
+        sp = self.sequence_parallel
+        return parallelize(model, self.group, self.shard_map, self.rank, fused, sp)
 
 
 def gather_full(
@@ -328,7 +508,9 @@ def gather_full(
     """
     rank = check_tp_setup(cfg, group, shard_map, None)
     specs = unit_specs(cfg)
-    sharded = {n: (t, s) for n, t in tensors.items() if (s := _spec_of(n, specs)) is not None}
+    sharded = {
+        n: (t, s) for n, t in tensors.items() if (s := _spec_of(n, specs, shard_map)) is not None
+    }
     out = {n: t for n, t in tensors.items() if n not in sharded}  # replicated
     if not sharded:
         return out
@@ -456,7 +638,8 @@ def tp_clip_grad_norm_(
     dtype = functools.reduce(torch.promote_types, (g.dtype for _, g in grads), torch.float32)
     sq = torch.zeros(2, device=device, dtype=dtype)  # [sharded over TP, replicated over TP]
     for name, g in grads:
-        sq[int(_spec_of(name, specs) is None)] += torch.linalg.vector_norm(g.to(dtype)) ** 2
+        spec = _spec_of(name, specs, getattr(tp_model, "shard_map", None))
+        sq[int(spec is None)] += torch.linalg.vector_norm(g.to(dtype)) ** 2
     if fsdp_group is not None and group_size(fsdp_group) > 1:
         dist.all_reduce(sq, group=fsdp_group)
     sq_sharded, sq_replicated = sq[0].clone(), sq[1]

@@ -28,8 +28,9 @@ import torch
 from torch import nn
 
 from ..fp8.linear import FP8Linear
-from .comm import Group, copy_to_tp, reduce_from_tp
+from .comm import Group
 from .shard import UnitSpec
+from .tp import ColumnParallelLinear, RowParallelLinear, column_input, row_bias, row_output
 
 __all__ = ["FP8ColumnParallelLinear", "FP8RowParallelLinear", "fp8_parallel_linear"]
 
@@ -39,6 +40,7 @@ class _FP8Sharded(FP8Linear):
     unit_spec: UnitSpec
     units: tuple[int, ...]
     total_units: int
+    sequence_parallel: bool
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {self.unit_spec.axis}={self.units} (FP8, TP)"
@@ -48,7 +50,7 @@ class FP8ColumnParallelLinear(_FP8Sharded):
     """``ColumnParallelLinear`` with an FP8 GEMM: the output sharded over my units."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(copy_to_tp(x, self.group))
+        return super().forward(column_input(x, self.group, self.sequence_parallel))
 
 
 class FP8RowParallelLinear(_FP8Sharded):
@@ -58,15 +60,13 @@ class FP8RowParallelLinear(_FP8Sharded):
         return None  # added once, after the all-reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tp(super().forward(x), self.group)
-        return y if self.bias is None else y + self.bias
+        y = row_output(super().forward(x), self.group, self.sequence_parallel)
+        return row_bias(y, self.bias, self.group, self.sequence_parallel)
 
 
 def fp8_parallel_linear(layer: nn.Module, **fp8_kwargs: Any) -> FP8Linear:
     """The FP8 variant of a ``ColumnParallelLinear`` or ``RowParallelLinear``, holding its
     Parameters (no copy), its group and its units."""
-    from .tp import ColumnParallelLinear, RowParallelLinear
-
     if isinstance(layer, ColumnParallelLinear):
         cls: type[_FP8Sharded] = FP8ColumnParallelLinear
     elif isinstance(layer, RowParallelLinear):
@@ -79,6 +79,7 @@ def fp8_parallel_linear(layer: nn.Module, **fp8_kwargs: Any) -> FP8Linear:
     new.bias = layer.bias  # type: ignore[assignment]
     new.group, new.unit_spec = layer.group, layer.unit_spec
     new.units, new.total_units = layer.units, layer.total_units
+    new.sequence_parallel = bool(getattr(layer, "sequence_parallel", False))
     new._init_fp8_buffers(new.fp8_state.forward.history_len, layer.weight.device)
     new.train(layer.training)
     return new

@@ -36,6 +36,7 @@ __all__ = [
     "tp_train_steps",
     "fp8_ddp_steps",
     "raise_on_rank",
+    "vocab_and_region_check",
 ]
 
 # One job for run_jobs: (ranks, fn, args).
@@ -123,6 +124,47 @@ def operators_check(group: Group, shape: tuple[int, ...], dim: int = 1) -> dict[
     except ValueError as exc:
         out["uneven_error"] = str(exc)
     return out
+
+
+def vocab_and_region_check(group: Group, n_tokens: int, vocab: int) -> dict[str, Any]:
+    """The vocabulary-parallel loss and embedding on this rank's rows of the same float64
+    logits, weight and ids on every rank (uneven splits: ``split_evenly``), and the two
+    operators that open and close the sequence-parallel region: outputs and input gradients."""
+    from .shard import split_evenly
+    from .vocab import vocab_parallel_cross_entropy, vocab_parallel_embedding
+
+    r, n = group_rank(group), dist.get_world_size(group)
+    rows = split_evenly(vocab, n)[r]
+    start, end = rows[0], rows[-1] + 1
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(n_tokens, vocab, dtype=torch.float64, generator=gen) * 3
+    targets = torch.randint(0, vocab, (n_tokens,), generator=gen)
+    weight = torch.randn(vocab, 8, dtype=torch.float64, generator=gen)
+    idx = torch.randint(0, vocab, (3, n_tokens), generator=gen)
+    mine = logits[:, start:end].clone().requires_grad_()
+    loss = vocab_parallel_cross_entropy(mine, targets, start, group)
+    loss.backward()
+    w = weight[start:end].clone().requires_grad_()
+    emb = vocab_parallel_embedding(idx, w, start, group)
+    emb.backward(torch.ones_like(emb))
+    x = torch.arange(2 * 6 * 4, dtype=torch.float64).reshape(2, 6, 4).requires_grad_()
+    piece = comm.split_to_sp(x, group, dim=1)
+    piece.backward(torch.full_like(piece, float(r + 1)))
+    z = torch.arange(2 * 2 * 4, dtype=torch.float64).reshape(2, 2, 4) + 10.0 * r
+    z.requires_grad_()
+    full = comm.gather_from_sp(z, group, dim=1, partial_grad=False)
+    full.backward(torch.arange(full.numel(), dtype=torch.float64).reshape(full.shape))
+    return {
+        "range": (start, end),
+        "loss": loss.detach(),
+        "dlogits": mine.grad,
+        "embedding": emb.detach(),
+        "dweight": w.grad,
+        "split": piece.detach(),
+        "dsplit": x.grad,
+        "gathered": full.detach(),
+        "dgathered": z.grad,
+    }
 
 
 def parallel_linear_check(
