@@ -2,9 +2,10 @@
 tensor parallelism over the other, on 4 gloo ranks against one process.
 
 One ``spawn`` runs every layout in turn (starting processes costs seconds): dp 2 x tp 2 with
-FSDP2 and DDP in FP32, BF16 and FP8 (delayed and current scaling), ``torch.compile`` under it, a dp 2 x tp 2
-run saved at step 3 and resumed at dp 1 x tp 3 (uneven heads) and at tp 2; the main process
-resumes the same checkpoint alone.
+FSDP2 and DDP in FP32, BF16 and FP8, sequence and vocabulary parallelism (fused too),
+``torch.compile`` under it, a dp 2 x tp 2 run saved at step 3 and resumed at dp 1 x tp 3
+(uneven heads and vocabulary; it saves too, from 3 of the 4 processes) and at tp 2; the main
+process resumes both checkpoints alone.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ ALL = (0, 1, 2, 3)
 # FP32: the same sums in another order; BF16 rounds activations (a different order of float32
 # sums moves a loss by ~1e-5); FP8 quantizes each rank's slices with the shared amax-derived
 # scales (delayed) or the slice's own (current: the per-slice scale differs from one process's).
-REL = {"fp32": 1e-5, "bf16": 1e-4, "fp8": 2e-4, "fp8-current": 1e-3}  # measured: 6.8e-5, 1.5e-4
+REL = {"fp32": 1e-5, "bf16": 1e-4, "fp8": 2e-4}  # FP8 measured: 6.8e-5
+NORM_REL = {"fp32": 1e-4, "bf16": 3e-3, "fp8": 2e-2}  # gradient norms; BF16 under SP: 1.4e-3
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -53,9 +55,12 @@ def _cfg(precision: str) -> TrainConfig:
 
 
 def _single(precision: str) -> list[float]:
+    return _losses(_single_history(precision))
+
+
+def _single_history(precision: str) -> list[dict[str, Any]]:
     model = build_model(CFG, precision=precision, device="cpu", seed=0)
-    trainer = Trainer(model, TokenData(*_data()), _cfg(precision), device="cpu")
-    return _losses(trainer.train())
+    return Trainer(model, TokenData(*_data()), _cfg(precision), device="cpu").train()
 
 
 def _losses(history: list[dict[str, Any]]) -> list[float]:
@@ -67,27 +72,26 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("mesh")
     data = _data()
     jobs: dict[str, tuple[tuple[int, ...], DPRun]] = {}
-    for precision in ("fp32", "bf16", "fp8", "fp8-current"):
+    for precision in ("fp32", "bf16", "fp8"):  # the other recipes: tests/test_composition.py
         jobs[f"fsdp-{precision}"] = (ALL, DPRun(CFG, data, _cfg(precision), "fsdp", tp=2))
     jobs["ddp-fp32"] = (ALL, DPRun(CFG, data, _cfg("fp32"), "ddp", tp=2))
     split = {"sequence_parallel": True, "vocab_parallel": True}  # parallel.tp.TPGPT
     for precision in ("fp32", "bf16", "fp8"):
         jobs[f"sp-vocab-{precision}"] = (ALL, DPRun(CFG, data, _cfg(precision), tp=2, **split))
-    jobs["sp-fused"] = (
-        ALL,
-        DPRun(CFG, data, _cfg("fp32"), tp=2, fused=True, sequence_parallel=True),
-    )
-    jobs["fsdp-compile"] = (ALL, DPRun(CFG, data, _cfg("fp32"), "fsdp", tp=2, compile=True))
-    save = str(tmp / "dp2tp2.pt")
+    compiled = DPRun(CFG, data, _cfg("fp8"), "fsdp", steps=3, tp=2, compile=True)
+    jobs["fsdp-compile-fp8"] = (ALL, compiled)  # the suite's one compiled parallel run
+    sp_fused = DPRun(CFG, data, _cfg("fp32"), steps=2, tp=2, fused=True, sequence_parallel=True)
+    jobs["sp-fused"] = (ALL, sp_fused)  # 2 steps: Triton's interpreter is slow
+    save, save3 = str(tmp / "dp2tp2.pt"), str(tmp / "tp3.pt")  # tp3: saved by 3 of 4 ranks
     jobs["save"] = (ALL, DPRun(CFG, data, _cfg("fp32"), steps=3, save=save, tp=2, **split))
     jobs["tp3"] = (
         (0, 1, 2),
-        DPRun(CFG, data, _cfg("fp32"), resume=save, tp=3, seed=9, vocab_parallel=True),
+        DPRun(CFG, data, _cfg("fp32"), resume=save, tp=3, seed=9, vocab_parallel=True, save=save3),
     )
     jobs["tp2"] = ((0, 1), DPRun(CFG, data, _cfg("fp32"), "ddp", resume=save, tp=2, seed=9))
     ranks = spawn(dp_layouts_worker, 4, list(jobs.values()), timeout_s=600)
     out = dict(zip(jobs, ranks[0], strict=True))
-    out["checkpoint"] = Path(save)
+    out["checkpoint"], out["tp3-checkpoint"] = Path(save), Path(save3)
     return out
 
 
@@ -95,17 +99,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_sequence_and_vocabulary_parallel(runs: dict[str, Any], precision: str) -> None:
     """dp 2 x tp 2 with the LayerNorms and residuals on sequence slices and the embedding, head
     and loss split over the vocabulary: one process's losses."""
-    got = _losses(runs[f"sp-vocab-{precision}"]["history"])
-    assert got == pytest.approx(_single(precision), rel=REL[precision])
+    history, ref = runs[f"sp-vocab-{precision}"]["history"], _single_history(precision)
+    assert _losses(history) == pytest.approx(_losses(ref), rel=REL[precision])
+    norms = [float(r["grad_norm"]) for r in history]  # clipping counts each shard once
+    ref_norms = [float(r["grad_norm"]) for r in ref]
+    assert norms == pytest.approx(ref_norms, rel=NORM_REL[precision])
 
 
 def test_sequence_parallel_with_fused_kernels(runs: dict[str, Any]) -> None:
     model = build_model(CFG, fused=True, device="cpu", seed=0)
-    ref = _losses(Trainer(model, TokenData(*_data()), _cfg("fp32"), device="cpu").train())
+    ref = _losses(Trainer(model, TokenData(*_data()), _cfg("fp32"), device="cpu").train(2))
     assert _losses(runs["sp-fused"]["history"]) == pytest.approx(ref, rel=1e-5)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8", "fp8-current"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"])
 def test_dp2_tp2_reproduces_one_process(runs: dict[str, Any], precision: str) -> None:
     """4 processes, dp 2 x tp 2, FSDP2 over dp: one process's losses on the same global batch."""
     got = _losses(runs[f"fsdp-{precision}"]["history"])
@@ -114,11 +121,12 @@ def test_dp2_tp2_reproduces_one_process(runs: dict[str, Any], precision: str) ->
 
 
 def test_ddp_and_compiled_under_tp(runs: dict[str, Any]) -> None:
-    """DDP over the data-parallel dimension, and torch.compile under FSDP2 x TP (fused kernels
-    and the other precisions: tests/test_composition.py)."""
-    ref = _single("fp32")
-    assert _losses(runs["ddp-fp32"]["history"]) == pytest.approx(ref, rel=1e-5)
-    assert _losses(runs["fsdp-compile"]["history"]) == pytest.approx(ref, rel=1e-5)
+    """DDP over the data-parallel dimension, and torch.compile under FSDP2 x TP in FP8 (Dynamo
+    around the collectives and around FP8Linear's graph breaks; 3 steps: compiling on a CPU
+    takes tens of seconds)."""
+    assert _losses(runs["ddp-fp32"]["history"]) == pytest.approx(_single("fp32"), rel=1e-5)
+    compiled = _losses(runs["fsdp-compile-fp8"]["history"])
+    assert compiled == pytest.approx(_single("fp8")[:3], rel=REL["fp8"])
 
 
 def test_a_dp2_tp2_checkpoint_resumes_at_any_layout(runs: dict[str, Any]) -> None:
@@ -132,6 +140,12 @@ def test_a_dp2_tp2_checkpoint_resumes_at_any_layout(runs: dict[str, Any]) -> Non
     alone.resume(runs["checkpoint"])
     assert alone.step == 3
     assert _losses(alone.train()[3:]) == pytest.approx(ref[3:], rel=1e-5)
+    alone = Trainer(  # the tp 3 run's own checkpoint, written by 3 of the 4 processes
+        build_model(CFG, device="cpu", seed=5), TokenData(*_data()), _cfg("fp32"), device="cpu"
+    )
+    alone.resume(runs["tp3-checkpoint"])
+    assert alone.step == STEPS
+    assert _losses(alone.history) == pytest.approx(ref, rel=1e-5)
     for layout in ("tp3", "tp2"):
         history = runs[layout]["history"]
         assert [int(r["step"]) for r in history[3:]] == [3, 4, 5], layout  # counted from 0

@@ -155,6 +155,11 @@ def _run_dist_checks(corpus: bytes) -> dict[str, Any]:
             (CFG, UNEVEN_2, sd, _train_data(corpus), TRAIN_CFG, torch.float64),
         ),
     }
+    from tutorial_lib.parallel.dtensor_tp import compare_with_megatron
+
+    jobs["vocab"] = ((1, 2, 3), workers.vocab_and_region_check, (VOCAB_TOKENS, VOCAB_SIZE))
+    jobs["sp_generate"] = ((1, 2, 3), workers.sp_generation_check, (SP_CFG, (1, 5, 8)))
+    jobs["dtensor"] = ((0, 1), compare_with_megatron, (DT_CFG, 3))
     for name, (ranks, cfg, shard_map) in GPT_CASES.items():
         model, batch = _model_and_batch(cfg=cfg)
         jobs[name] = (
@@ -426,7 +431,12 @@ def test_cli_trains_tensor_parallel_under_torchrun(tmp_path: Path, text_file: Pa
 
 
 # ---- vocabulary parallelism and the ends of the sequence-parallel region ----------------------
-def test_vocab_parallel_loss_embedding_and_region_operators() -> None:
+VOCAB_TOKENS, VOCAB_SIZE = 13, 257
+SP_CFG = GPTConfig(vocab_size=50, block_size=8, n_layer=1, n_head=3, n_embd=12)
+DT_CFG = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=4, n_embd=32)
+
+
+def test_vocab_parallel_loss_embedding_and_region_operators(dist_results: dict[str, Any]) -> None:
     """3 ranks, a vocabulary of 257 (rows 86, 86, 85) and 13 tokens: the loss and its gradient
     are F.cross_entropy's in float64, the embedding is F.embedding's, each rank's weight
     gradient its rows of the full one; split keeps a slice and gathers the gradients, the
@@ -468,15 +478,12 @@ def test_vocab_parallel_loss_embedding_and_region_operators() -> None:
 
 
 # ---- PyTorch's DTensor tensor parallelism against ours ----------------------------------------
-def test_dtensor_parallelize_module_matches_our_megatron_layers() -> None:
+def test_dtensor_parallelize_module_matches_our_megatron_layers(
+    dist_results: dict[str, Any],
+) -> None:
     """2 ranks, an even split: DTensor's ColwiseParallel/RowwiseParallel and our layers give the
     same losses and the same local gradients, step after step."""
-    from tutorial_lib.parallel.dtensor_tp import compare_with_megatron
-
-    cfg = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=4, n_embd=32)
-    out = spawn(workers.run_jobs, 2, [((0, 1), compare_with_megatron, (cfg, 3))])
-    for rank in out:
-        got = rank[0]
+    for got in dist_results["dtensor"]:
         assert got["dtensor"] == pytest.approx(got["ours"], rel=1e-6)
         assert max(got["grad_diff"]) < 1e-6
         assert got["ours"][0] != got["ours"][-1]  # the steps changed the model
@@ -495,3 +502,15 @@ def test_regroup_qkv_round_trips_and_puts_each_ranks_heads_together() -> None:
     for r, block in enumerate(grouped.chunk(3)):  # Shard(0)'s block r == our rank r's shard
         want = w.index_select(0, global_index(spec, shard_map.heads[r], cfg.n_head))
         torch.testing.assert_close(block, want, rtol=0, atol=0)
+
+
+def test_sequence_parallel_generation_and_vocab_map_rules(dist_results: dict[str, Any]) -> None:
+    """Without targets a sequence-parallel model pads a sequence that does not split (generation
+    grows it one token at a time) and returns the full model's logits; a vocabulary split must
+    be contiguous ranges in rank order."""
+    for diffs in dist_results["sp_generate"]:
+        assert max(diffs) < 1e-6, diffs
+    shard_map = ShardMap.even(SP_CFG, 3)
+    with pytest.raises(ValueError, match="contiguous range of token ids, in rank order"):
+        vocab = (tuple(range(17, 34)), tuple(range(17)), tuple(range(34, 50)))  # not in order
+        ShardMap(shard_map.heads, shard_map.ffn, 3, 48, vocab=vocab, vocab_size=50)

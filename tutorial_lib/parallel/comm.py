@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 __all__ = [
     "on_rank0",
+    "on_rank0_2d",
     "CopyToTensorParallel",
     "ReduceFromTensorParallel",
     "GatherFromSequenceParallel",
@@ -291,3 +292,20 @@ def on_rank0(group: Group, write: Callable[[], object]) -> None:
     dist.broadcast_object_list(error, src=dist.get_global_rank(group, 0), group=group)
     if error[0] is not None:
         raise RuntimeError(f"Rank 0 failed to write the checkpoint: {error[0]}")
+
+
+def on_rank0_2d(dp_group: Group, tp_group: Group, write: Callable[[], object]) -> None:
+    """``on_rank0`` on a (dp, tp) mesh that may be only some of the processes: rank 0 of
+    replica 0's TP group writes while that group waits (``on_rank0``), then each data-parallel
+    column hears from its replica-0 member whether it worked, so every rank of the job raises
+    if the write failed, and no rank outside the job is involved."""
+    error = [None]
+    if group_rank(dp_group) == 0:
+        try:
+            on_rank0(tp_group, write)
+        except RuntimeError as err:
+            error[0] = str(err)  # type: ignore[call-overload]
+    if dp_group is not None and dist.is_initialized():
+        dist.broadcast_object_list(error, src=dist.get_global_rank(dp_group, 0), group=dp_group)
+    if error[0] is not None:
+        raise RuntimeError(error[0])

@@ -43,11 +43,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..checkpoint import model_state_dict
 from ..config import GPTConfig
 from ..data import TokenData
 from ..model import GPT
 from ..train import TrainConfig, Trainer, keep_implementation, save_checkpoint
-from .comm import Group, group_rank, on_rank0
+from .comm import Group, group_rank, on_rank0, on_rank0_2d
 from .compose import check_composition
 from .tp import TPSpec, gather_checkpoint, shard_checkpoint, tp_clip_grad_norm_
 
@@ -149,8 +150,6 @@ class DPTrainer(Trainer):
 
             self._ddp = DistributedDataParallel(self.model, process_group=self.group)
         self._flops_per_token /= self.dp * degree  # MFU per GPU: each does 1/(dp t) of the work
-        # the world: every rank of the mesh takes part in a save, rank 0 of it writes
-        self._save_group = dist.group.WORLD if tp is not None else self.group
 
     # ---- the hooks of Trainer.train_step ------------------------------------------------------
     def _batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,7 +176,8 @@ class DPTrainer(Trainer):
     def state_dict(self) -> dict[str, Any]:
         state = self.run_state()
         if self.mode == "ddp":  # every rank holds the whole (TP-local) model and optimizer
-            model, optim = dict(self.model.state_dict()), self.optimizer.state_dict()
+            model = model_state_dict(self.model)  # TE's FP8 state without pickle
+            optim = self.optimizer.state_dict()
         else:
             model, optim = self._gather_fsdp()
         if self.tp is not None:  # then over TP: every rank of the replica has its shards now
@@ -245,7 +245,11 @@ class DPTrainer(Trainer):
 
     def save(self, path: str | Path) -> Path:
         state = self.state_dict()  # every rank takes part in the gathers
-        on_rank0(self._save_group, lambda: save_checkpoint(path, state))  # then the file exists
+        write = lambda: save_checkpoint(path, state)  # noqa: E731
+        if self.tp is None:
+            on_rank0(self.group, write)  # then the file exists
+        else:  # the job's ranks only: TP rank 0 of replica 0 writes, then its column hears
+            on_rank0_2d(self.group, self.tp.group, write)
         self.last_checkpoint = Path(path)
         return self.last_checkpoint
 

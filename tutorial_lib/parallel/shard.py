@@ -99,10 +99,13 @@ class ShardMap:
                     f"{len(self.heads)} for heads; give every axis one entry per TP rank."
                 )
             _check_cover("vocabulary rows", self.vocab, self.vocab_size)
-            if any(list(v) != list(range(v[0], v[0] + len(v))) for v in self.vocab):
+            contiguous = all(list(v) == list(range(v[0], v[0] + len(v))) for v in self.vocab)
+            ascending = all(a[-1] < b[0] for a, b in zip(self.vocab, self.vocab[1:], strict=False))
+            if not (contiguous and ascending):
                 raise ValueError(
-                    "Each rank's vocabulary rows must be one contiguous range of token ids (the "
-                    "vocabulary-parallel embedding and loss test id ranges); use split_evenly."
+                    "Each rank's vocabulary rows must be one contiguous range of token ids, in "
+                    "rank order (the embedding and loss test id ranges, and gathered logits are "
+                    "put together in rank order); use split_evenly."
                 )
 
     @property

@@ -391,7 +391,14 @@ class TPGPT(GPT):
         if T > self.config.block_size:
             return super().forward(idx, targets)  # its error names the fix
         vocab, sp, group = self.shard_map.vocab is not None, self.sequence_parallel, self.group
-        pos = self.pos_emb(torch.arange(T, device=idx.device))
+        keep = T
+        if sp and targets is None and T % group_size(group):
+            # generation grows T one token at a time: pad the end so the sequence splits evenly
+            # (causal attention: the padding changes nothing before it; cropped below)
+            idx = F.pad(idx, (0, (-T) % group_size(group)))
+            T = idx.shape[1]
+        last = self.config.block_size - 1  # padded positions past the block reuse the last one
+        pos = self.pos_emb(torch.arange(T, device=idx.device).clamp(max=last))
         if vocab:
             tok = vocab_parallel_embedding(idx, self.tok_emb.weight, self.vocab_start, group)
         else:
@@ -417,7 +424,7 @@ class TPGPT(GPT):
         elif vocab:
             sizes = [len(v) for v in self.shard_map.vocab or ()]
             logits = gather_vocab(logits, sizes, group)
-        return logits, loss
+        return logits[:, :keep], loss
 
 
 def _spec_of(
@@ -607,13 +614,19 @@ def gather_checkpoint(
 
 def shard_checkpoint(
     model: Mapping[str, torch.Tensor],
-    optimizer: Mapping[str, Any],
+    optimizer: Mapping[str, Any] | None,
     names: list[str],
     cfg: GPTConfig,
     shard_map: ShardMap,
     rank: int,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Single-process model and optimizer state dicts -> TP ``rank``'s (any map: resharding)."""
+    if optimizer is None:
+        raise ValueError(
+            "This checkpoint holds no optimizer state (a tensor-parallel checkpoint written "
+            "before TP checkpoints gathered AdamW's moments): load state['model'] into a GPT "
+            "and start a new run from those weights (build_model(..., weights=...))."
+        )
     return (
         shard_state_dict(model, cfg, shard_map, rank),
         shard_optimizer_state(optimizer, names, cfg, shard_map, rank),

@@ -18,6 +18,12 @@ TP run reproduces the single process up to float rounding. The recipes that scal
 at hand (current, rowwise, block, MXFP8, NVFP4) take the amax of the rank's own slice, as TE's
 do without sequence parallelism: a slice's scale can be finer than the whole tensor's, so the
 quantization differs a little from one process's (tested within the FP8 tolerance).
+
+A known limit: NVFP4's stochastic rounding draws from a generator seeded by the layer's name, so
+every TP rank draws the same stream for its own slice, and a checkpoint keeps rank 0's generator
+state (the gathered format has one per layer). With uneven shards the ranks draw different
+amounts, so a resumed NVFP4 run under uneven TP does not repeat the uninterrupted run's noise
+exactly (its losses stay within the recipe's tolerance).
 """
 
 from __future__ import annotations

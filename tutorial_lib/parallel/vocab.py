@@ -7,9 +7,9 @@ those ids only; the full (tokens, V) logits never exist on any rank.
                 get the gradient of the tokens it holds.
     head        logits_r = h @ W_r^T, with ``f`` (or the sequence-parallel gather) on h: the
                 tied weight's own rows, so the head needs no weight of its own.
-    loss        softmax cross-entropy over the split vocabulary with three all-reduces of one
-                number per token: the max logit (MAX), the sum of exponentials (SUM) and the
-                target's logit, which only its owner has (SUM). Backward is local:
+    loss        softmax cross-entropy over the split vocabulary with two all-reduces: the max
+                logit per token (MAX), then the sum of exponentials and the target's logit,
+                which only its owner has (one SUM of two numbers per token). Backward is local:
                 softmax_r - onehot_r, scaled by the incoming gradient / N.
 """
 
@@ -87,8 +87,9 @@ def vocab_parallel_cross_entropy(
 
 
 def gather_vocab(logits: torch.Tensor, sizes: list[int], group: Group) -> torch.Tensor:
-    """The full logits from every rank's slice (uneven ``sizes`` along the last dimension): for
-    inference and generation only, where the full distribution is wanted."""
+    """The full logits from every rank's slice (uneven ``sizes`` along the last dimension, in
+    rank order): for inference and generation only, where the full distribution is wanted. Not
+    differentiable (a plain all-gather)."""
     if group_size(group) == 1:
         return logits
     width = max(sizes)

@@ -37,6 +37,7 @@ __all__ = [
     "fp8_ddp_steps",
     "raise_on_rank",
     "vocab_and_region_check",
+    "sp_generation_check",
 ]
 
 # One job for run_jobs: (ranks, fn, args).
@@ -165,6 +166,30 @@ def vocab_and_region_check(group: Group, n_tokens: int, vocab: int) -> dict[str,
         "gathered": full.detach(),
         "dgathered": z.grad,
     }
+
+
+def sp_generation_check(group: Group, cfg: Any, lengths: Sequence[int]) -> list[float]:
+    """A sequence- and vocabulary-parallel ``TPGPT`` without targets, at sequence lengths that
+    do not split over the ranks (generation's): the largest difference of its logits from the
+    full model's, per length."""
+    from ..model import GPT
+
+    torch.manual_seed(0)
+    full = GPT(cfg)
+    n = dist.get_world_size(group)
+    tp_model = parallelize(
+        full, group, ShardMap.even(cfg, n, vocab_parallel=True), sequence_parallel=True
+    )
+    out = []
+    with torch.no_grad():
+        for T in lengths:
+            idx = torch.randint(
+                0, cfg.vocab_size, (2, T), generator=torch.Generator().manual_seed(T)
+            )
+            got, _ = tp_model(idx)
+            want, _ = full(idx)
+            out.append(float((got - want).abs().max()))
+    return out
 
 
 def parallel_linear_check(
