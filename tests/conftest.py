@@ -18,6 +18,7 @@ import torch
 
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData, load_corpus
+from tutorial_lib.train import TrainConfig
 
 # Tests use tiny tensors, where intra-op threads only add synchronisation; with pytest-xdist's
 # workers sharing a couple of busy cores, OpenMP spin-waiting made CPU steps ~20x slower.
@@ -109,6 +110,28 @@ def short_run() -> Callable[..., Any]:
 @pytest.fixture
 def tiny_data(data_factory: Callable[..., TokenData]) -> TokenData:
     return data_factory()
+
+
+def parallel_run_data(block_size: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The multi-process tests' corpus: 5000 seeded random bytes, as ``TokenData`` arguments
+    (train tokens, validation tokens, block size, seed)."""
+    tokens = torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(0))
+    tokens = tokens.to(torch.uint8)
+    return tokens[:4500], tokens[4500:], block_size, 0
+
+
+def parallel_run_config(precision: str, steps: int) -> TrainConfig:
+    """The multi-process tests' run: global batch 8, lr 3e-3, 2 warm-up steps, no evaluation."""
+    return TrainConfig(
+        steps=steps,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_every=0,
+        precision=precision,
+        seed=0,
+        progress=False,
+    )
 
 
 def cli_train_args(out: Path, data: Path) -> list[str]:

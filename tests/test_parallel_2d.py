@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import parallel_run_config, parallel_run_data
 
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
@@ -36,22 +37,11 @@ NORM_REL = {"fp32": 1e-4, "bf16": 3e-3, "fp8": 2e-2}  # gradient norms; BF16 und
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    tokens = torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(0))
-    tokens = tokens.to(torch.uint8)
-    return tokens[:4500], tokens[4500:], CFG.block_size, 0
+    return parallel_run_data(CFG.block_size)
 
 
 def _cfg(precision: str) -> TrainConfig:
-    return TrainConfig(
-        steps=STEPS,
-        batch_size=8,
-        lr=3e-3,
-        warmup_steps=2,
-        eval_every=0,
-        precision=precision,
-        seed=0,
-        progress=False,
-    )
+    return parallel_run_config(precision, STEPS)
 
 
 def _single(precision: str) -> list[float]:

@@ -24,7 +24,14 @@ from .mesh import groups_2d
 from .shard import ShardMap
 from .tp import TPSpec
 
-__all__ = ["DPRun", "dp_train", "dp_train_worker", "dp_layouts_worker", "dp_refusals_worker"]
+__all__ = [
+    "DPRun",
+    "dp_train",
+    "dp_train_worker",
+    "dp_layouts_worker",
+    "dp_refusals_worker",
+    "mesh_job",
+]
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,15 @@ def dp_train(
         memory = memory_per_rank(trainer)
     rows = (trainer._rows.start, trainer._rows.stop)  # this rank's share of each global batch
     return {"history": history, "memory": memory, "rows": rows}
+
+
+def mesh_job(groups: tuple[Group, Group], run: DPRun) -> dict[str, Any]:
+    """``dp_train`` as a job of ``workers.run_jobs``, which hands it the (data-parallel,
+    tensor-parallel) groups of a mesh on the job's ranks (``mesh_tp``: the TP degree)."""
+    return dp_train(run, *groups)
+
+
+mesh_job.mesh_tp = lambda run: run.tp  # type: ignore[attr-defined]
 
 
 def dp_refusals_worker(rank: int, world_size: int, run: DPRun) -> dict[str, str]:

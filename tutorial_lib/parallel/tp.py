@@ -424,7 +424,7 @@ class TPGPT(GPT):
         elif vocab:
             sizes = [len(v) for v in self.shard_map.vocab or ()]
             logits = gather_vocab(logits, sizes, group)
-        return logits[:, :keep], loss
+        return (logits if keep == T else logits[:, :keep]), loss  # no view when unpadded
 
 
 def _spec_of(

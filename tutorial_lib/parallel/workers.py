@@ -47,8 +47,19 @@ WorkerJob = tuple[Sequence[int], Callable[..., Any], tuple[Any, ...]]
 def run_jobs(rank: int, world_size: int, jobs: Sequence[WorkerJob]) -> list[Any]:
     """Run ``fn(group, *args)`` for each job ``(ranks, fn, args)`` whose ranks include this one
     (None for the others). All groups are made first, by every rank in the same order, as
-    ``dist.new_group`` requires; jobs on disjoint ranks then run side by side."""
-    groups = [dist.new_group(list(ranks)) for ranks, _, _ in jobs]
+    ``dist.new_group`` requires; jobs on disjoint ranks then run side by side. A job whose
+    ``fn`` has a ``mesh_tp`` attribute (``dp_workers.mesh_job``) gets the (data-parallel,
+    tensor-parallel) groups of a mesh on its ranks instead (``mesh.groups_2d``)."""
+    from .mesh import groups_2d
+
+    groups: list[Any] = []
+    for ranks, fn, args in jobs:
+        mesh_tp = getattr(fn, "mesh_tp", None)
+        if mesh_tp is None:
+            groups.append(dist.new_group(list(ranks)))
+        else:
+            tp = mesh_tp(*args)
+            groups.append(groups_2d(len(ranks) // tp, tp, ranks))
     return [
         fn(group, *args) if rank in ranks else None
         for (ranks, fn, args), group in zip(jobs, groups, strict=True)
