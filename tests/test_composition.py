@@ -4,7 +4,7 @@ trained under that layout and compared with one process.
 Spawns run the cells that train, one step each (its loss checks the forward pass, its gradient
 norm the backward): on 2 gloo ranks TP alone (tp 2, a data-parallel group of one rank each) and
 FSDP2 alone (dp 2); on 4, both (dp 2 x tp 2). Every precision unfused; fused, the precisions
-in ``FUSED``. ``torch.compile`` (Inductor, compiling for real: tens of seconds per model on a
+in ``FUSED`` under both, FP32 under each alone. ``torch.compile`` (Inductor, compiling for real: tens of seconds per model on a
 CPU) runs once, in ``test_parallel_2d`` (FP8 under dp 2 x tp 2); the other compiled and fused
 cells are not run one by one.
 """
@@ -80,29 +80,32 @@ def _name(c: Cell) -> str:
 
 
 COMPILED: set[tuple[str, bool, bool, bool]] = set()  # compiled: test_parallel_2d (FP8, TP x FSDP2)
-# Fused cells (Triton's interpreter on a CPU: about a second a step) at the precisions whose
-# path through the kernels differs: FP32 inputs, BF16 autocast, FP8 layers (delayed scaling),
-# and NVFP4 (stochastic rounding); the other FP8 recipes take delayed scaling's path.
+# Fused cells (Triton's interpreter on a CPU: about a second a step): under TP x FSDP2 at the
+# precisions whose path through the kernels differs (FP32 inputs, BF16 autocast, FP8 layers with
+# delayed scaling, NVFP4's stochastic rounding; the other FP8 recipes take delayed scaling's
+# path), and under TP alone and FSDP2 alone at FP32.
 FUSED = {"fp32", "bf16", "fp8", "nvfp4"}
+
+
+def _fused_run(c: Cell) -> bool:
+    return c.precision in FUSED if (c.tp and c.fsdp) else c.precision == "fp32"
+
+
 RUN = [
     c
     for c in TRAINED
     if (c.compile and (c.precision, c.tp, c.fsdp, c.fused) in COMPILED)
-    or (not c.compile and (not c.fused or c.precision in FUSED))
+    or (not c.compile and (not c.fused or _fused_run(c)))
 ]
 
 
-def _kind(c: Cell) -> str:
-    return "compiled" if c.compile else "fused" if c.fused else "plain"
+WORLDS = sorted({len(_layout(c)[0]) for c in RUN})  # one spawn per size
 
 
-GROUPS = sorted({(_kind(c), len(_layout(c)[0])) for c in RUN})
-
-
-def _train(kind: str, world: int) -> dict[str, list[float]]:
-    """The cells of one kind on one spawn of ``world`` processes (FP8's amaxes are reduced over
-    every process, so each layout's size gets its own spawn)."""
-    cells = [c for c in RUN if _kind(c) == kind and len(_layout(c)[0]) == world]
+def _train(world: int) -> dict[str, list[tuple[float, float]]]:
+    """Every cell on ``world`` processes, in one spawn (FP8's amaxes are reduced over every
+    process, so each layout's size gets its own spawn)."""
+    cells = [c for c in RUN if len(_layout(c)[0]) == world]
     jobs = []
     for c in cells:
         ranks, mode, tp = _layout(c)
@@ -143,12 +146,12 @@ def test_each_refusal_raises_its_reason(cell: Cell) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "world"), GROUPS)
-def test_each_cell_trains_like_one_process(kind: str, world: int) -> None:
-    """Every cell of the group: the loss and gradient norm of one process's first step, within
-    the precision's tolerance."""
-    trained = _train(kind, world)
-    assert trained, (kind, world)
+@pytest.mark.parametrize("world", WORLDS)
+def test_each_cell_trains_like_one_process(world: int) -> None:
+    """Every cell on ``world`` processes: the loss and gradient norm of one process's first
+    step, within the precision's tolerance."""
+    trained = _train(world)
+    assert trained, world
     refs: dict[tuple[str, bool], list[tuple[float, float]]] = {}
     for c in RUN:
         if _name(c) not in trained:
