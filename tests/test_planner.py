@@ -16,7 +16,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tutorial_lib.__main__ import main
@@ -115,6 +115,9 @@ def test_no_failures_is_full_throughput() -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(st.sampled_from(VARIANTS), failure_sets, failure_sets)
+# found by Hypothesis when dead groups were packed last: the failure of GPU 2 made group 0 dead,
+# which then shared the lost replica with group 1 instead of a healthy group (0.639 -> 0.680)
+@example(VARIANTS[3], {0, 1, 4, 5, 6, 8, 12, 16, 20}, {2})
 def test_more_failures_never_raise_throughput(job: TrainingJob, first: set, more: set) -> None:
     for policy in PLAN_POLICIES:
         before = relative_throughput(job, np.array(sorted(first), dtype=np.int64), policy)

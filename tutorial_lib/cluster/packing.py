@@ -4,7 +4,10 @@ over many failure patterns at once (``cluster.plans`` turns the winner into a ``
 
 At restart the resource manager puts partially failed TP groups into as few replicas as
 possible, worst first, at the lowest ranks; a replica's degree is set by its worst group, and a
-group with fewer survivors than the lowest allowed degree is dead (NTP paper, sec. 4.4).
+group with fewer survivors than the lowest allowed degree is dead (NTP paper, sec. 4.4). A dead
+group counts as the worst: the replica it lands in is lost anyway, so it takes the next worst
+groups with it rather than healthy ones. (Packing dead groups last made a further failure
+able to *raise* throughput, when it turned a partly failed group dead and freed a healthy one.)
 """
 
 from __future__ import annotations
@@ -81,15 +84,17 @@ def slot_failures(job: TrainingJob, failed: np.ndarray) -> np.ndarray:
 
 def pack(job: TrainingJob, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Pack (S, n) slot failure counts: (order, leaders). ``order`` (S, n): slots worst first
-    (dead slots last, ties by index); ``leaders`` (S, G): failures in each complete replica's
-    worst group, -1 where there is none (too few usable groups left)."""
-    key = np.where(counts > job.max_failures, -1, counts)
+    (dead slots first of all, ties by index); ``leaders`` (S, G): failures in each replica's
+    worst group, -1 for a replica that holds a dead group."""
+    dead = job.max_failures + 1  # above every usable count: dead slots sort first
+    key = np.minimum(counts, dead)
     idx = np.broadcast_to(np.arange(counts.shape[1]), counts.shape)
     order = np.lexsort((idx, -key), axis=-1)
     key = np.take_along_axis(key, order, axis=-1)
     pp = job.par.pp
     n = counts.shape[1] // pp * pp
-    return order, np.where(key[:, pp - 1 : n : pp] >= 0, key[:, 0:n:pp], -1)
+    lead = key[:, 0:n:pp]
+    return order, np.where(lead < dead, lead, -1)
 
 
 def candidates(job: TrainingJob, policy: str) -> list[Candidate]:
