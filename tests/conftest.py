@@ -120,8 +120,8 @@ def parallel_run_data(block_size: int) -> tuple[torch.Tensor, torch.Tensor, int,
     return tokens[:4500], tokens[4500:], block_size, 0
 
 
-def parallel_run_config(precision: str, steps: int) -> TrainConfig:
-    """The multi-process tests' run: global batch 8, lr 3e-3, 2 warm-up steps, no evaluation."""
+def short_train_config(precision: str, steps: int) -> TrainConfig:
+    """A short test run: (global) batch 8, lr 3e-3, 2 warm-up steps, no evaluation, seed 0."""
     return TrainConfig(
         steps=steps,
         batch_size=8,

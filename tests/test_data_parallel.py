@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import cli_train_args, parallel_run_config, parallel_run_data
+from conftest import cli_train_args, parallel_run_data, short_train_config
 
 from tutorial_lib.__main__ import main
 from tutorial_lib.build import build_model
@@ -44,7 +44,7 @@ def _data() -> tuple[torch.Tensor, torch.Tensor, int, int]:
 
 
 def _cfg(precision: str) -> TrainConfig:
-    return parallel_run_config(precision, STEPS)
+    return short_train_config(precision, STEPS)
 
 
 def _single(precision: str, steps: int = STEPS, seed: int = 0) -> Trainer:

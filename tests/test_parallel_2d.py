@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import parallel_run_config, parallel_run_data
+from conftest import parallel_run_data, short_train_config
 
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
@@ -41,7 +41,7 @@ def _data() -> tuple[torch.Tensor, torch.Tensor, int, int]:
 
 
 def _cfg(precision: str) -> TrainConfig:
-    return parallel_run_config(precision, STEPS)
+    return short_train_config(precision, STEPS)
 
 
 def _single(precision: str) -> list[float]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from conftest import short_train_config
 
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
@@ -24,16 +25,7 @@ CPU_POLICIES = ("fp32", "tf32", "bf16")
 
 
 def train_config(precision: str) -> TrainConfig:
-    return TrainConfig(
-        steps=STEPS,
-        batch_size=8,
-        lr=3e-3,
-        warmup_steps=2,
-        eval_every=0,
-        precision=precision,
-        seed=0,
-        progress=False,
-    )
+    return short_train_config(precision, STEPS)
 
 
 @pytest.fixture(scope="module")

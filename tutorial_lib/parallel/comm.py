@@ -187,6 +187,11 @@ class GatherFromSequenceParallel(torch.autograd.Function):
         return _reduce_scatter(grad, ctx.group, ctx.dim), None, None
 
 
+def _my_slice(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
+    """This rank's 1/n of ``x`` along ``dim`` (no communication)."""
+    return x.chunk(group_size(group), dim)[group_rank(group)].contiguous()
+
+
 class SplitToSequenceParallel(torch.autograd.Function):
     """Keep this rank's slice of the sequence in forward (no communication), all-gather in
     backward: where a replicated activation (the embeddings) enters the sequence-parallel region.
@@ -195,28 +200,22 @@ class SplitToSequenceParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
         ctx.group, ctx.dim = group, dim
-        n, r = group_size(group), group_rank(group)
-        return x.chunk(n, dim)[r].contiguous()
+        return _my_slice(x, group, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return _all_gather(grad, ctx.group, ctx.dim), None, None
 
 
-class GatherReplicatedGrad(torch.autograd.Function):
-    """All-gather along the sequence in forward; in backward keep this rank's slice of the
-    gradient, which is the same on every rank (Megatron's ``tensor_parallel_output_grad=False``):
-    where the sequence-parallel region ends before a replicated layer (a replicated LM head)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
-        ctx.group, ctx.dim = group, dim
-        return _all_gather(x, group, dim)
+class GatherReplicatedGrad(GatherFromSequenceParallel):
+    """All-gather along the sequence in forward (as ``GatherFromSequenceParallel``); in backward
+    keep this rank's slice of the gradient, which is the same on every rank (Megatron's
+    ``tensor_parallel_output_grad=False``): where the sequence-parallel region ends before a
+    replicated layer (a replicated LM head)."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        n, r = group_size(ctx.group), group_rank(ctx.group)
-        return grad.chunk(n, ctx.dim)[r].contiguous(), None, None
+        return _my_slice(grad, ctx.group, ctx.dim), None, None
 
 
 class ScatterToSequenceParallel(torch.autograd.Function):
