@@ -102,6 +102,32 @@ def test_train_then_resume(
     assert load_checkpoint(out / "checkpoint.pt")["step"] == 6
 
 
+def test_sharded_checkpoints_resume_as_checkpoint_files_do(
+    tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--sharded-checkpoint writes OUT/checkpoint/ (DCP); --resume continues from it, with or
+    without the flag (then it writes checkpoint.pt), bit for bit as a run that stopped and
+    resumed at the same steps with checkpoint files."""
+    files, out = tmp_path / "files", tmp_path / "run"
+    for steps, extra in ((3, ()), (4, ("--resume",)), (5, ("--resume",))):
+        assert _run(_train_args(files, text_file, steps, *extra), capsys)[0] == 0
+    code, stdout, err = _run(_train_args(out, text_file, 3, "--sharded-checkpoint"), capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.json"]
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["run.pt", "shards"]
+    again = _train_args(out, text_file, 4, "--sharded-checkpoint", "--resume")
+    code, stdout, err = _run(again, capsys)
+    assert code == 0, err
+    assert f"resumed from {out / 'checkpoint'} at step 3" in stdout
+    code, stdout, err = _run(_train_args(out, text_file, 5, "--resume"), capsys)
+    assert code == 0, err
+    assert f"resumed from {out / 'checkpoint'} at step 4" in stdout
+    assert load_checkpoint(out / "checkpoint.pt")["step"] == 5
+    rows = [json.loads((d / "metrics.json").read_text()) for d in (out, files)]
+    assert [[r["loss"] for r in row] for row in rows] == [[r["loss"] for r in rows[1]]] * 2
+    assert len(rows[0]) == 5
+
+
 def test_resume_from_a_corrupt_checkpoint_says_which_file_and_what_to_do(
     tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

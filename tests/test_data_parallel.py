@@ -200,18 +200,21 @@ def test_cli_dp_errors(tmp_path: Path, text_file: Path, capsys: Any, monkeypatch
 @pytest.mark.slow
 def test_cli_trains_data_parallel_under_torchrun(tmp_path: Path, text_file: Path) -> None:
     """torchrun with 4 gloo ranks, --dp 2 --tp 2 (FSDP2 over dp): the losses of one process;
-    rank 0 writes one checkpoint, which a single process resumes (--resume at another layout)
-    and continues exactly as a single process resuming its own checkpoint does."""
+    every rank writes its shards of one DCP checkpoint (--sharded-checkpoint), which a single
+    process resumes (--resume at another layout, and from the other kind of checkpoint) and
+    continues exactly as a single process resuming its own checkpoint file does."""
     env = {**os.environ, "TUTORIAL_PRESET": "ci", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4"]
     cmd += ["-m", "tutorial_lib", *cli_train_args(tmp_path / "dp", text_file)]
-    cmd += ["--dp", "2", "--tp", "2"]
+    cmd += ["--dp", "2", "--tp", "2", "--sharded-checkpoint"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("wrote") == 1  # one report, from rank 0
     assert main(cli_train_args(tmp_path / "single", text_file)) == 0
     dp, single = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("dp", "single"))
     assert _losses(dp) == pytest.approx(_losses(single), rel=1e-5)
+    written = sorted(p.name for p in (tmp_path / "dp" / "checkpoint" / "shards").iterdir())
+    assert written == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
     for d in ("dp", "single"):  # one more step each, in one process
         assert main([*cli_train_args(tmp_path / d, text_file), "--steps", "4", "--resume"]) == 0
     dp, single = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("dp", "single"))

@@ -79,9 +79,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         DPRun(CFG, data, _cfg("fp32"), resume=save, tp=3, seed=9, vocab_parallel=True, save=save3),
     )
     jobs["tp2"] = ((0, 1), DPRun(CFG, data, _cfg("fp32"), "ddp", resume=save, tp=2, seed=9))
+    # the same with DCP: every rank writes its own pieces (parallel.dcp); resumed at the same
+    # layout, at dp 1 x tp 3 and (below) in one process
+    dcp_dir = str(tmp / "dp2tp2-dcp")
+    dcp = {"sharded": True, **split}
+    jobs["dcp-save"] = (ALL, DPRun(CFG, data, _cfg("fp32"), steps=3, save=dcp_dir, tp=2, **dcp))
+    jobs["dcp-same"] = (ALL, DPRun(CFG, data, _cfg("fp32"), resume=dcp_dir, tp=2, seed=9, **dcp))
+    jobs["dcp-tp3"] = (
+        (0, 1, 2),
+        DPRun(CFG, data, _cfg("fp32"), resume=dcp_dir, tp=3, seed=9, vocab_parallel=True,
+              sharded=True),
+    )  # fmt: skip
     ranks = spawn(dp_layouts_worker, 4, list(jobs.values()), timeout_s=600)
     out = dict(zip(jobs, ranks[0], strict=True))
     out["checkpoint"], out["tp3-checkpoint"] = Path(save), Path(save3)
+    out["dcp-checkpoint"] = Path(dcp_dir)
     return out
 
 
@@ -140,6 +152,28 @@ def test_a_dp2_tp2_checkpoint_resumes_at_any_layout(runs: dict[str, Any]) -> Non
         history = runs[layout]["history"]
         assert [int(r["step"]) for r in history[3:]] == [3, 4, 5], layout  # counted from 0
         assert _losses(history[3:]) == pytest.approx(ref[3:], rel=1e-5), layout
+
+
+def test_a_sharded_dp2_tp2_checkpoint_resumes_at_any_layout(runs: dict[str, Any]) -> None:
+    """The same run saved with DCP at step 3: every rank wrote its own pieces of each tensor
+    (the full tensors' pieces at their offsets). Resumed at the same layout, steps 4 to 6 are the
+    uninterrupted run's, bit for bit; at dp 1 x tp 3 (uneven) and in one process, one process's
+    within float32's reordering."""
+    from tutorial_lib.parallel.dcp import load_sharded
+
+    path = runs["dcp-checkpoint"]
+    assert sorted(p.name for p in path.iterdir()) == ["run.pt", "shards"]
+    assert len(list((path / "shards").glob("*.distcp"))) == 4  # one file per rank
+    straight = _losses(runs["sp-vocab-fp32"]["history"])
+    assert _losses(runs["dcp-same"]["history"][3:]) == straight[3:]
+    ref = _single("fp32")
+    assert _losses(runs["dcp-tp3"]["history"][3:]) == pytest.approx(ref[3:], rel=1e-5)
+    alone = Trainer(
+        build_model(CFG, device="cpu", seed=5), TokenData(*_data()), _cfg("fp32"), device="cpu"
+    )
+    load_sharded(alone, path)
+    assert alone.step == 3
+    assert _losses(alone.train()[3:]) == pytest.approx(ref[3:], rel=1e-5)
 
 
 def test_bad_layouts_are_refused_with_the_fix() -> None:

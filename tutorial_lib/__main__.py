@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from .bench.results import DEFAULT_DIR
 from .config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
 from .hardware import default_device, describe_device, fp8_gemm_status, te_available
 from .precision import available_policies
+
+if TYPE_CHECKING:
+    from .train import Trainer
 
 __all__ = ["main", "build_parser"]
 
@@ -64,7 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     train.add_argument("--checkpoint-every", type=int, default=0, metavar="N")
     train.add_argument(
-        "--resume", action="store_true", help="continue from OUT/checkpoint.pt if it exists"
+        "--resume",
+        action="store_true",
+        help="continue from OUT/checkpoint.pt or OUT/checkpoint/ (sharded) if it exists, written "
+        "at any layout; with both, the kind this run writes",
+    )
+    train.add_argument(
+        "--sharded-checkpoint",
+        action="store_true",
+        help="write OUT/checkpoint/ with torch.distributed.checkpoint: every rank its own shards",
     )
     train.add_argument("--fused", action="store_true", help="our Triton kernels (chapter 7)")
     train.add_argument("--compile", action="store_true", help="torch.compile the training step")
@@ -257,10 +269,13 @@ def _train(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         trainer = Trainer(model, data, cfg, device=device, out_dir=args.out)
-    ckpt = args.out / "checkpoint.pt"
-    if args.resume and ckpt.exists():
-        trainer.resume(ckpt)
-        print(f"resumed from {ckpt} at step {trainer.step}")
+    if args.sharded_checkpoint:
+        from .parallel.dcp import use_sharded_checkpoints
+
+        use_sharded_checkpoints(trainer)
+    ckpt = args.out / trainer.checkpoint_name
+    if args.resume:
+        _resume(trainer, ckpt, args.out)
     history = trainer.train()
     if getattr(trainer, "tp_rank", 0) != 0 or getattr(trainer, "dp_rank", 0) != 0:
         return 0  # only rank 0 writes files and reports
@@ -274,6 +289,21 @@ def _train(args: argparse.Namespace) -> int:
             f"wrote {ckpt} and {args.out / 'metrics.json'}"
         )
     return 0
+
+
+def _resume(trainer: Trainer, ckpt: Path, out: Path) -> None:
+    """``ckpt`` (the kind this run writes) if it exists, else the other kind, else nothing."""
+    from .parallel import dcp
+
+    other = out / ("checkpoint.pt" if ckpt.name == dcp.SHARDED_NAME else dcp.SHARDED_NAME)
+    found = next((p for p in (ckpt, other) if p.exists()), None)
+    if found is None:
+        return
+    if found.is_dir():
+        dcp.load_sharded(trainer, found)
+    else:
+        trainer.resume(found)
+    print(f"resumed from {found} at step {trainer.step}")
 
 
 def _rung_numbers(text: str, count: int) -> list[int]:

@@ -390,12 +390,19 @@ class Trainer:
                 )
                 every = self.cfg.checkpoint_every
                 if self.out_dir is not None and ((every and done % every == 0) or done == target):
-                    self.save(self.out_dir / "checkpoint.pt")
+                    self.write_checkpoint(self.out_dir / self.checkpoint_name)
         finally:
             bar.close()
         return self.history
 
     # ---- checkpoints -------------------------------------------------------------------------
+    # What train() writes to out_dir: one file by ``save``, unless parallel.dcp's
+    # ``use_sharded_checkpoints`` makes it a DCP directory (every rank writes its own shards).
+    checkpoint_name = "checkpoint.pt"
+
+    def write_checkpoint(self, path: Path) -> Path:
+        return self.save(path)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             **self.run_state(),

@@ -14,6 +14,17 @@ the checkpoint's name. A failed write on rank 0 raises on every rank.
 this rank needs, and DCP reads just those from whichever files hold them. So a dp 2 run resumes
 at dp 4, dp 1, or in a single process without any process group.
 
+Tensor parallelism. Our TP shards are plain tensors of different shapes under the same names
+(uneven heads, Q, K and V rows of a rank's heads apart in the full ``qkv``), which DCP would take
+for one replicated tensor. So each sharded entry (the parameter and AdamW's moments) is handed to
+DCP as what it is: a few rectangular pieces of the *full* tensor, each with its offsets there
+(``tp_chunks``: the runs of consecutive indices of ``shard.global_index``, cut again by FSDP2's
+rows under 2D), as a ``Pieces`` tensor: views of this rank's tensors, and the three methods
+through which DCP asks DTensor for its chunks.
+DCP records every piece's offsets in the metadata and, on load, reads for each piece this rank
+needs the overlapping parts of whichever pieces were saved. Saved at dp 2 x tp 2, a checkpoint
+resumes at dp 1 x tp 3 (2, 1, 1 heads), at tp 1, or in one process; nothing is gathered.
+
 Safety. DCP's own reader unpickles ``.metadata`` with ``pickle.load`` and its default planner
 loads non-tensor values (the optimizer's hyperparameters) with ``torch.load(weights_only=False)``;
 a crafted checkpoint could run code through either. Here ``SafeFileSystemReader`` unpickles the
@@ -38,17 +49,30 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorProperties
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ..config import GPTConfig
 from ..train import Trainer, keep_implementation
 from .dp import keep_lazy_state, on_rank0
+from .shard import ShardMap, global_index, unit_specs
+from .tp import _spec_of, _units
 
-__all__ = ["SafeFileSystemReader", "SafeLoadPlanner", "load_sharded", "save_sharded"]
+__all__ = [
+    "SafeFileSystemReader",
+    "SafeLoadPlanner",
+    "load_sharded",
+    "save_sharded",
+    "use_sharded_checkpoints",
+    "SHARDED_NAME",
+    "Pieces",
+    "tp_chunks",
+]
 
 RUN_FILE = "run.pt"
+SHARDED_NAME = "checkpoint"  # what train() writes to its out_dir after use_sharded_checkpoints
 SHARDS = "shards"
 _METADATA_CLASSES = {
     ("torch", "Size"),
@@ -137,8 +161,12 @@ def _single_process_is_intended() -> Iterator[None]:
 
 
 def _group(trainer: Trainer) -> Any:
-    """The ranks that share the trainer's checkpoint (a data-parallel group, else all)."""
-    return getattr(trainer, "group", None) if dist.is_initialized() else None
+    """The ranks that share the trainer's checkpoint: every process of its job (``job_group``:
+    data- and tensor-parallel), else its group, else all."""
+    if not dist.is_initialized():
+        return None
+    job = getattr(trainer, "job_group", None)
+    return job if job is not None else getattr(trainer, "group", None)
 
 
 def _on_rank0(group: Any, write: Any) -> None:
@@ -150,21 +178,144 @@ def _on_rank0(group: Any, write: Any) -> None:
         write()
 
 
-def _refuse_tensor_parallel(trainer: Trainer) -> None:
-    """Our TP shards are plain tensors (uneven, any heads per rank): DCP would read the same
-    name on every TP rank as one replicated tensor and keep one rank's shard."""
-    if getattr(trainer, "tp", None) is not None or hasattr(trainer, "shard_map"):
-        raise ValueError(
-            "Sharded (DCP) checkpoints of a tensor-parallel run are not supported: its shards "
-            "are plain tensors of different shapes under the same names, which DCP would take "
-            "for one replicated tensor. Use trainer.save(path): the single-process format, "
-            "gathered over TP, resumes at any layout."
+def tp_runs(index: list[int]) -> list[tuple[int, int, int]]:
+    """``(start in the shard, start in the full tensor, length)`` of each run of consecutive
+    full-tensor indices in ``index`` (a shard's ``global_index``)."""
+    runs, start = [], 0
+    for i in range(1, len(index) + 1):
+        if i == len(index) or index[i] != index[i - 1] + 1:
+            runs.append((start, index[start], i - start))
+            start = i
+    return runs
+
+
+def tp_chunks(
+    name: str, tensor: torch.Tensor, cfg: GPTConfig, shard_map: ShardMap, rank: int
+) -> torch.Tensor | None:
+    """TP rank ``rank``'s ``tensor`` (a parameter ``name`` or one of its AdamW moments) as DCP
+    should see it: ``Pieces``, views of its pieces at their offsets in the full tensor;
+    ``tensor`` itself if it is replicated over TP; None if this rank holds none of it (FSDP2 may
+    leave a rank no rows). A DTensor (FSDP2's rows of the TP shard) keeps only its own rows."""
+    spec = _spec_of(name, unit_specs(cfg), shard_map)
+    if spec is None:
+        return tensor
+    from torch.distributed.tensor import DTensor
+
+    local, row0 = tensor, 0
+    if isinstance(tensor, DTensor):  # FSDP2: rows [row0, row0 + len) of the TP shard
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        _, offset = compute_local_shape_and_global_offset(
+            tensor.shape, tensor.device_mesh, tensor.placements
         )
+        local, row0 = tensor.to_local(), int(offset[0])
+    units, total = _units(shard_map, spec, rank)
+    full = list(tensor.shape)
+    full[spec.dim] = spec.groups * total * spec.width
+    pieces = []
+    for start, at, length in tp_runs(global_index(spec, units, total).tolist()):
+        if spec.dim == 0:  # FSDP2's rows cut the run
+            lo, hi = max(start, row0), min(start + length, row0 + local.shape[0])
+            if hi <= lo:
+                continue
+            piece, offsets = local.narrow(0, lo - row0, hi - lo), [at + lo - start]
+        else:  # a row-parallel weight's columns; FSDP2 splits its (unsplit) rows
+            piece, offsets = local.narrow(1, start, length), [row0, at]
+        if piece.numel():
+            pieces.append((torch.Size(offsets + [0] * (local.dim() - len(offsets))), piece))
+    return Pieces(torch.Size(full), pieces) if pieces else None
+
+
+class Pieces(torch.Tensor):
+    """A full tensor of which this rank holds some rectangular ``pieces`` (offsets in the full
+    tensor, a view of this rank's tensor), as DCP sees it: the three methods DCP asks a tensor
+    for (the protocol DTensor implements: the chunks to write, the chunks to read into, a chunk
+    by its offsets). It holds no storage of its own and supports no other operation."""
+
+    _pieces: list[tuple[torch.Size, torch.Tensor]]
+
+    @staticmethod
+    def __new__(cls, size: torch.Size, pieces: list[tuple[torch.Size, torch.Tensor]]) -> Pieces:
+        first = pieces[0][1]
+        out = torch.Tensor._make_wrapper_subclass(cls, size, dtype=first.dtype, device=first.device)
+        out._pieces = pieces
+        return out
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
+        raise TypeError(f"Pieces only describes a tensor to DCP; {func} is not supported.")
+
+    def __create_write_items__(self, fqn: str, obj: Any) -> list[Any]:
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+        from torch.distributed.checkpoint.planner import (
+            TensorWriteData,
+            WriteItem,
+            WriteItemType,
+        )
+
+        return [
+            WriteItem(
+                index=MetadataIndex(fqn, offsets),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(offsets=offsets, sizes=piece.shape),
+                    properties=TensorProperties.create_from_tensor(piece),
+                    size=self.shape,
+                ),
+            )
+            for offsets, piece in self._pieces
+        ]
+
+    def __create_chunk_list__(self) -> list[Any]:
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        return [ChunkStorageMetadata(offsets=o, sizes=p.shape) for o, p in self._pieces]
+
+    def __get_tensor_shard__(self, index: Any) -> torch.Tensor:
+        for offsets, piece in self._pieces:
+            if offsets == index.offset:
+                return piece
+        raise ValueError(f"{index.fqn}: no piece at offsets {index.offset} on this rank.")
+
+
+def _is_array(value: Any) -> bool:
+    return torch.is_tensor(value) and value.dim() > 0
+
+
+def _tp_layout(trainer: Trainer) -> tuple[ShardMap, int] | None:
+    """(shard map, TP rank) of a tensor-parallel trainer (``TPTrainer``, or ``DPTrainer`` with a
+    ``TPSpec``); None otherwise."""
+    spec = getattr(trainer, "tp", None)
+    shard_map = spec.shard_map if spec is not None else getattr(trainer, "shard_map", None)
+    return None if shard_map is None else (shard_map, trainer.tp_rank)  # type: ignore[attr-defined]
+
+
+def _for_dcp(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any]) -> dict[str, Any]:
+    """What DCP saves or loads: ``{"model": ..., "optim": ...}``, with every TP-sharded tensor
+    as ``tp_chunks`` makes it (views, so a load writes into ``model`` and ``optim``)."""
+    layout = _tp_layout(trainer)
+    if layout is None:
+        return {"model": model, "optim": optim}
+    cfg, (shard_map, rank) = trainer.model.config, layout
+
+    def cut(entries: dict[str, Any], name_of: Any) -> dict[str, Any]:
+        out = {}
+        for key, value in entries.items():  # a 0-d tensor (AdamW's step count) is replicated
+            chunks = (
+                tp_chunks(name_of(key), value, cfg, shard_map, rank) if _is_array(value) else value
+            )
+            if chunks is not None:
+                out[key] = chunks
+        return out
+
+    state = {name: cut(s, lambda k, name=name: name) for name, s in optim.get("state", {}).items()}
+    return {"model": cut(model, lambda k: k), "optim": {**optim, "state": state}}
 
 
 def save_sharded(trainer: Trainer, directory: str | Path) -> Path:
     """Write ``trainer``'s checkpoint as ``directory`` (module docstring); every rank calls it."""
-    _refuse_tensor_parallel(trainer)
     directory, group = Path(directory), _group(trainer)
     tmp = directory.with_name(directory.name + ".tmp")
     old = directory.with_name(directory.name + ".old")
@@ -178,7 +329,7 @@ def save_sharded(trainer: Trainer, directory: str | Path) -> Path:
         model, optim = get_state_dict(trainer.model, trainer.optimizer)
     with _single_process_is_intended():
         dcp.save(
-            {"model": model, "optim": optim},
+            _for_dcp(trainer, model, optim),
             checkpoint_id=tmp / SHARDS,
             process_group=group,
             no_dist=not dist.is_initialized(),
@@ -202,7 +353,6 @@ def save_sharded(trainer: Trainer, directory: str | Path) -> Path:
 
 def load_sharded(trainer: Trainer, directory: str | Path) -> None:
     """Restore ``trainer`` from a ``save_sharded`` directory, at this run's layout."""
-    _refuse_tensor_parallel(trainer)
     directory = Path(directory)
     if not (directory / RUN_FILE).is_file() or not (directory / SHARDS).is_dir():
         raise FileNotFoundError(
@@ -215,21 +365,27 @@ def load_sharded(trainer: Trainer, directory: str | Path) -> None:
     reader.read_metadata()  # a refused metadata file raises here, before DCP wraps the error
     with keep_lazy_state(trainer.optimizer):  # (load_run_state clears it again at step 0)
         model, optim = get_state_dict(trainer.model, trainer.optimizer)  # this rank's pieces
-    state: dict[str, Any] = {"model": model, "optim": optim}
     with _single_process_is_intended():
-        dcp.load(
-            state,
+        dcp.load(  # into model and optim (through the views of TP's pieces)
+            _for_dcp(trainer, model, optim),
             storage_reader=reader,
             planner=SafeLoadPlanner(),
             process_group=_group(trainer),
             no_dist=not dist.is_initialized(),
         )
-    optim = keep_implementation(state["optim"], trainer.optimizer)
+    optim = keep_implementation(optim, trainer.optimizer)
     set_state_dict(
         trainer.model,
         trainer.optimizer,
-        model_state_dict=state["model"],
+        model_state_dict=model,
         optim_state_dict=optim,
     )
     trainer.load_run_state(run)
     trainer.last_checkpoint = directory
+
+
+def use_sharded_checkpoints(trainer: Trainer) -> None:
+    """Make ``trainer.train()`` write its checkpoints with ``save_sharded``, as the directory
+    ``out_dir/checkpoint`` (``--sharded-checkpoint`` on the command line)."""
+    trainer.checkpoint_name = SHARDED_NAME
+    trainer.write_checkpoint = lambda path: save_sharded(trainer, path)  # type: ignore[method-assign]

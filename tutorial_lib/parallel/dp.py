@@ -106,7 +106,9 @@ class DPTrainer(Trainer):
     ``tp``: the ``TPSpec`` the model was built with, for 2D parallelism (``parallel.mesh``): the
     model holds this rank's tensor-parallel shards, ``group`` is this rank's data-parallel
     column of the mesh, and DDP or FSDP2 runs over it on those shards. Checkpoints gather the
-    shards over TP too, into the single-process format.
+    shards over TP too, into the single-process format. ``job_group``: all the run's processes
+    (default: ``group`` without TP, every process with it; a job on some of the processes of a
+    spawn passes its own), over which ``parallel.dcp`` writes sharded checkpoints.
     Only rank 0 shows the progress bar and writes checkpoints; every rank takes part in a save.
     """
 
@@ -121,6 +123,7 @@ class DPTrainer(Trainer):
         out_dir: str | Path | None = None,
         param_dtype: torch.dtype | None = None,
         tp: TPSpec | None = None,
+        job_group: Group | None = None,
     ) -> None:
         from .launch import check_parallel_precision
 
@@ -132,6 +135,10 @@ class DPTrainer(Trainer):
         self.group = group if group is not None else dist.group.WORLD
         self.mode, self.dp = mode, dist.get_world_size(self.group)
         self.tp = tp
+        # every process of the run (sharded checkpoints' collectives span it)
+        self.job_group = (
+            job_group if job_group is not None else (self.group if tp is None else dist.group.WORLD)
+        )
         self.tp_rank = group_rank(tp.group) if tp is not None else 0
         self.dp_rank = group_rank(self.group)
         self._rows = local_rows(cfg.batch_size, self.dp, self.dp_rank)

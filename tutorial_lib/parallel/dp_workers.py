@@ -84,11 +84,14 @@ def dp_layouts_worker(
 
 
 def dp_train(
-    run: DPRun, group: Group | None = None, tp_group: Group | None = None
+    run: DPRun,
+    group: Group | None = None,
+    tp_group: Group | None = None,
+    job_group: Group | None = None,
 ) -> dict[str, Any]:
     """Build the model (``build_model`` with ``run.seed``: the same weights on every rank; this
     rank's TP shards when ``run.tp`` > 1, over ``tp_group``), train it under ``DPTrainer`` over
-    ``group`` (default: all ranks) and return the history (and the memory, with
+    ``group`` (default: all ranks; ``job_group``: all the job's ranks) and return the history (and the memory, with
     ``run.measure``)."""
     spec = None
     if run.tp > 1:
@@ -114,6 +117,7 @@ def dp_train(
         device="cpu",
         param_dtype=run.param_dtype,
         tp=spec,
+        job_group=job_group,
     )
     if run.resume is not None:
         if run.sharded:
@@ -137,9 +141,10 @@ def dp_train(
     return {"history": history, "memory": memory, "rows": rows}
 
 
-def mesh_job(groups: tuple[Group, Group], run: DPRun) -> dict[str, Any]:
+def mesh_job(groups: tuple[Group, Group, Group], run: DPRun) -> dict[str, Any]:
     """``dp_train`` as a job of ``workers.run_jobs``, which hands it the (data-parallel,
-    tensor-parallel) groups of a mesh on the job's ranks (``mesh_tp``: the TP degree)."""
+    tensor-parallel, whole-job) groups of a mesh on the job's ranks (``mesh_tp``: the TP
+    degree)."""
     return dp_train(run, *groups)
 
 

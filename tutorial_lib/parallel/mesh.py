@@ -7,7 +7,7 @@ TP is the inner dimension: the t ranks of one replica are neighbours (on a GPU n
 NVLink switch joins), because TP talks at every layer and DP once per step. ``mesh_groups``
 builds the mesh with ``init_device_mesh`` (under torchrun, every process in it) and returns this
 rank's two process groups; ``groups_2d`` does the same with ``dist.new_group`` for a job on some
-of the processes (the tests run several layouts in one spawn).
+of the processes (the tests run several layouts in one spawn), plus a group of the whole job.
 
 ``parallel_trainer`` is what ``python -m tutorial_lib train --dp D --tp T`` runs on each of the
 D x T processes: ``DPTrainer`` over its data-parallel group, on a model that holds its TP
@@ -65,19 +65,20 @@ def mesh_groups(dp: int, tp: int, device_type: str) -> tuple[Group, Group]:
     return mesh.get_group("dp"), mesh.get_group("tp")
 
 
-def groups_2d(dp: int, tp: int, ranks: Sequence[int]) -> tuple[Group, Group] | None:
-    """This rank's (data-parallel, tensor-parallel) groups of a dp x tp job on ``ranks`` (None
-    when this rank is not in it). Every process must call it, with the same arguments, in the
-    same order (``dist.new_group``'s rule)."""
+def groups_2d(dp: int, tp: int, ranks: Sequence[int]) -> tuple[Group, Group, Group] | None:
+    """This rank's (data-parallel, tensor-parallel, whole-job) groups of a dp x tp job on
+    ``ranks`` (None when this rank is not in it). Every process must call it, with the same
+    arguments, in the same order (``dist.new_group``'s rule)."""
     check_layout(dp, tp, len(ranks))
     ranks = list(ranks)
     tp_groups = [dist.new_group(ranks[d * tp : (d + 1) * tp]) for d in range(dp)]
     dp_groups = [dist.new_group(ranks[t::tp]) for t in range(tp)]
+    job = dist.new_group(ranks)
     me = dist.get_rank()
     if me not in ranks:
         return None
     d, t = divmod(ranks.index(me), tp)
-    return dp_groups[t], tp_groups[d]
+    return dp_groups[t], tp_groups[d], job
 
 
 def parallel_trainer(

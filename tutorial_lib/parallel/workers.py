@@ -49,7 +49,7 @@ def run_jobs(rank: int, world_size: int, jobs: Sequence[WorkerJob]) -> list[Any]
     (None for the others). All groups are made first, by every rank in the same order, as
     ``dist.new_group`` requires; jobs on disjoint ranks then run side by side. A job whose
     ``fn`` has a ``mesh_tp`` attribute (``dp_workers.mesh_job``) gets the (data-parallel,
-    tensor-parallel) groups of a mesh on its ranks instead (``mesh.groups_2d``)."""
+    tensor-parallel, whole-job) groups of a mesh on its ranks instead (``mesh.groups_2d``)."""
     from .mesh import groups_2d
 
     groups: list[Any] = []
