@@ -46,7 +46,7 @@ from .autocast import FP8AutocastState, _BackwardStep, get_autocast_state, regis
 from .formats import quantize
 from .gemm import scaled_gemm
 from .recipe_linear import RecipeLinearFunction
-from .recipes import Recipe, check_recipe_device
+from .recipes import Recipe, check_recipe_device, recipe_name
 from .recompute import (
     _Call,
     check_not_plain_checkpoint,
@@ -195,6 +195,7 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
         self.emulate, self.collect_stats = emulate, collect_stats
         self.fp8_name: str | None = None
         self._last_stats: dict[str, QuantStats] = {}
+        self._stats_recipe = "delayed"  # the recipe of the last quantize that recorded stats
         self._init_sr_state()
         self._ran_fp8 = False  # a forward in FP8 happened (recompute checks need it)
         self._init_fp8_buffers(amax_history_len, device)
@@ -310,15 +311,24 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
         emulate = check_recipe_device(recipe, x.device, flag, self._layer_name())
         out_dtype = _out_dtype(x)
         record_call(self, fp8, out_dtype, emulate)
-        return self._recipe_apply(x, recipe, out_dtype, emulate)
+        stats = fp8.collect_stats or self.collect_stats
+        return self._recipe_apply(x, recipe, out_dtype, emulate, stats)
 
     def _recipe_apply(
-        self, x: torch.Tensor, recipe: Recipe, out_dtype: torch.dtype, emulate: bool
+        self,
+        x: torch.Tensor,
+        recipe: Recipe,
+        out_dtype: torch.dtype,
+        emulate: bool,
+        stats: bool = False,
     ) -> torch.Tensor:
         gen = self.sr_generator(x.device) if recipe.uses_stochastic_rounding else None
         backward = torch.is_grad_enabled() and self._needs_grad(x)
         w, b = self.weight, self._gemm_bias()
-        return RecipeLinearFunction.apply(x, w, b, recipe, out_dtype, emulate, gen, backward)
+        if stats:
+            self._stats_recipe = recipe_name(recipe)
+        into = self._last_stats if stats else None
+        return RecipeLinearFunction.apply(x, w, b, recipe, out_dtype, emulate, gen, backward, into)
 
     def _gemm_bias(self) -> torch.Tensor | None:
         """The bias the GEMM adds (a row-parallel subclass adds its own after the all-reduce)."""
@@ -363,6 +373,7 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
         meta.record_amax(index, x)
         if collect_stats:
             self._last_stats[name] = quant_stats(x, fmt, scale)
+            self._stats_recipe = "delayed"
         return q, meta.scale_inv[index].clone()  # a copy: the update at exit rewrites the buffer
 
     def _layer_name(self) -> str:
@@ -401,15 +412,22 @@ class FP8Linear(StochasticRoundingState, nn.Linear):
         return False
 
     # ---- statistics and checkpoints --------------------------------------------------------
-    def fp8_stats(self) -> dict[str, dict[str, float | None]]:
-        """Per tensor (input, weight, grad_output): the current ``scale`` and, from the last
-        quantize with stats collection on (``quant_stats`` semantics), ``amax``, ``saturated``,
-        ``flushed``, ``rel_rmse`` and the ``scale`` used then (``scale_used``); None if never."""
-        out: dict[str, dict[str, float | None]] = {}
+    def fp8_stats(self) -> dict[str, dict[str, Any]]:
+        """Per tensor (input, weight, grad_output), from the last quantize with statistics on
+        (``quant_stats`` semantics): ``amax``, ``saturated``, ``flushed``, ``rel_rmse`` and the
+        ``scale`` used then (``scale_used``; NaN for per-row or per-tile scales); None if never.
+        ``recipe``: which recipe quantized it; ``scale``: delayed scaling's current scale (None
+        under a stateless recipe, which keeps none). The stateless recipes' ``saturated`` and
+        ``flushed`` are per tile (``compare.recipe_quant_stats``)."""
+        out: dict[str, dict[str, Any]] = {}
+        delayed = self._stats_recipe == "delayed"
         for name, (direction, index) in _STAT_SLOTS.items():
             last = self._last_stats.get(name)
             meta: ScalingMeta = getattr(self.fp8_state, direction)
-            row: dict[str, float | None] = {"scale": float(meta.scale[index])}
+            row: dict[str, Any] = {
+                "recipe": self._stats_recipe,
+                "scale": float(meta.scale[index]) if delayed else None,
+            }
             for key in ("amax", "saturated", "flushed", "rel_rmse"):
                 row[key] = None if last is None else getattr(last, key)
             row["scale_used"] = None if last is None else last.scale

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from . import gemm
+from .compare import recipe_quant_stats
 from .gemm import scaled_gemm, warn_emulated_once
 from .quantizers import QuantizedTensor
 from .quantizers.base import as_matrix, expand_tiles, tile_grid
@@ -109,18 +110,22 @@ class RecipeLinearFunction(torch.autograd.Function):
         emulate: bool,
         generator: torch.Generator | None,
         backward: bool,
+        stats: dict[str, Any] | None = None,
     ) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, x.shape[-1])
             x_q = recipe.quantizer("input").quantize(x2)
             w_q = recipe.quantizer("weight").quantize(weight)
+            if stats is not None:  # FP8Linear.fp8_stats: what quantizing did to each operand
+                stats["input"] = recipe_quant_stats(x2, x_q)
+                stats["weight"] = recipe_quant_stats(weight, w_q)
             fast = recipe.fp8_gemm_fprop.use_fast_accum
             out = quantized_matmul(x_q, w_q, out_dtype, emulate, fast, bias)
             # the column-wise copies only where a backward GEMM will use them (not under no_grad)
             need_x, need_w = (backward and n for n in ctx.needs_input_grad[:2])
             ctx.x_col = recipe.quantizer("input", True).quantize(x2.t()) if need_w else None
             ctx.w_col = recipe.quantizer("weight", True).quantize(weight.t()) if need_x else None
-        ctx.recipe, ctx.emulate, ctx.generator = recipe, emulate, generator
+        ctx.recipe, ctx.emulate, ctx.generator, ctx.stats = recipe, emulate, generator, stats
         ctx.x_shape, ctx.x_dtype, ctx.out_dtype = x.shape, x.dtype, out_dtype
         ctx.w_dtype, ctx.b_dtype = weight.dtype, None if bias is None else bias.dtype
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -132,8 +137,14 @@ class RecipeLinearFunction(torch.autograd.Function):
         dgrad = wgrad = bgrad = None
         with torch.autocast(grad_out.device.type, enabled=False):
             g = grad_out.reshape(-1, grad_out.shape[-1])
-            if need_x:
-                g_q = recipe.quantizer("grad_output", False, ctx.generator).quantize(g)
+            quantize_g = recipe.quantizer("grad_output", False, ctx.generator).quantize
+            g_q = quantize_g(g) if need_x else None
+            if ctx.stats is not None:  # without dgrad, leave the rounding generator untouched
+                g_q_seen = (
+                    g_q if g_q is not None else _without_drawing(quantize_g, g, ctx.generator)
+                )
+                ctx.stats["grad_output"] = recipe_quant_stats(g, g_q_seen)
+            if g_q is not None:
                 fast = recipe.fp8_gemm_dgrad.use_fast_accum
                 dgrad = quantized_matmul(g_q, ctx.w_col, ctx.out_dtype, ctx.emulate, fast)
                 dgrad = dgrad.reshape(ctx.x_shape).to(ctx.x_dtype)
@@ -145,4 +156,18 @@ class RecipeLinearFunction(torch.autograd.Function):
             if need_b and ctx.b_dtype is not None:
                 bgrad = g.float().sum(0).to(ctx.b_dtype)
         ctx.x_col = ctx.w_col = None
-        return dgrad, wgrad, bgrad, None, None, None, None, None
+        return dgrad, wgrad, bgrad, None, None, None, None, None, None
+
+
+def _without_drawing(
+    quantize: Any, x: torch.Tensor, generator: torch.Generator | None
+) -> QuantizedTensor:
+    """``quantize(x)`` with ``generator``'s state put back afterwards (stochastic rounding draws
+    from it; statistics must not change the run)."""
+    if generator is None:
+        return quantize(x)
+    state = generator.get_state()
+    try:
+        return quantize(x)
+    finally:
+        generator.set_state(state)
