@@ -120,3 +120,18 @@ def test_gpt2_124m_is_six_n_plus_attention() -> None:
     assert n == 12 * 12 * 768**2 + 50257 * 768
     per_token = flops.training_flops_per_token(cfg.n_layer, cfg.n_embd, 1024, cfg.vocab_size)
     assert per_token == 6 * n + 12 * 12 * 1024 * 768
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"L{c.n_layer}C{c.n_embd}T{c.block_size}")
+def test_causal_counts_only_the_scores_the_mask_keeps(cfg: GPTConfig) -> None:
+    """``causal=True``: Q K^T and P V over the kept (lower-triangular) scores only, counted
+    here from the mask itself; the default still counts the full T x T matrix."""
+    s, h, layers = cfg.block_size, cfg.n_embd, cfg.n_layer
+    kept = int(torch.ones(s, s).tril().sum())  # (query, key) pairs the mask keeps
+    assert flops.attention_score_flops(s, h, causal=True) * s == 2 * 2 * h * kept
+    assert flops.attention_score_flops(s, h) * s == 2 * 2 * h * s * s
+    model = _gpt(cfg)
+    saved = 3 * layers * (flops.attention_score_flops(s, h) - 2 * h * (s + 1))
+    assert model.flops_per_token() - model.flops_per_token(causal=True) == saved
+    forward_saved = layers * (4 * s * h - 2 * h * (s + 1))
+    assert model.flops_per_token(False) - model.flops_per_token(False, causal=True) == forward_saved

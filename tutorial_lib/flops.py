@@ -65,8 +65,13 @@ def attention_linear_flops(hidden: int) -> int:
     return matmul_flops(1, 3 * hidden, hidden) + matmul_flops(1, hidden, hidden)
 
 
-def attention_score_flops(seq: int, hidden: int) -> int:
-    """Forward Q K^T (2sh) and P V (2sh) of one layer over the full s x s scores: 4sh."""
+def attention_score_flops(seq: int, hidden: int, causal: bool = False) -> int:
+    """Forward Q K^T (2sh) and P V (2sh) per token of one layer over the full s x s scores: 4sh
+    (the default: what PaLM's and nanoGPT's MFU count, and the cost of a kernel that computes
+    every score). ``causal``: only the scores the mask keeps, which a causal kernel such as
+    FlashAttention computes: query i sees i + 1 keys, (s + 1)/2 on average, so 2h(s + 1)."""
+    if causal:
+        return 2 * hidden * (seq + 1)
     return 2 * matmul_flops(1, seq, hidden)
 
 
@@ -76,11 +81,11 @@ def mlp_flops(hidden: int, ffn: int | None = None) -> int:
     return matmul_flops(1, f, hidden) + matmul_flops(1, hidden, f)
 
 
-def layer_forward_flops(hidden: int, seq: int, ffn: int | None = None) -> int:
-    """Forward of one transformer layer: 8h^2 + 4hf + 4sh (Narayanan et al. 2021, eq. 3)."""
-    return (
-        attention_linear_flops(hidden) + mlp_flops(hidden, ffn) + attention_score_flops(seq, hidden)
-    )
+def layer_forward_flops(hidden: int, seq: int, ffn: int | None = None, causal: bool = False) -> int:
+    """Forward of one transformer layer: 8h^2 + 4hf + 4sh (Narayanan et al. 2021, eq. 3);
+    ``causal``: 2h(s + 1) for the scores (``attention_score_flops``)."""
+    scores = attention_score_flops(seq, hidden, causal)
+    return attention_linear_flops(hidden) + mlp_flops(hidden, ffn) + scores
 
 
 def lm_head_flops(hidden: int, vocab: int) -> int:
@@ -89,11 +94,11 @@ def lm_head_flops(hidden: int, vocab: int) -> int:
 
 
 def forward_flops_per_token(
-    layers: int, hidden: int, seq: int, vocab: int, ffn: int | None = None
+    layers: int, hidden: int, seq: int, vocab: int, ffn: int | None = None, causal: bool = False
 ) -> int:
     """Forward matmul FLOPs per token: l (8h^2 + 4hf + 4sh) + 2hV, i.e. 2N + 4lsh with
-    N = ``matmul_params`` (the Kaplan/PaLM count)."""
-    return layers * layer_forward_flops(hidden, seq, ffn) + lm_head_flops(hidden, vocab)
+    N = ``matmul_params`` (the Kaplan/PaLM count); ``causal``: the masked scores left out."""
+    return layers * layer_forward_flops(hidden, seq, ffn, causal) + lm_head_flops(hidden, vocab)
 
 
 def selective_recompute_flops(seq: int, hidden: int) -> int:
@@ -110,14 +115,15 @@ def _check_recompute(recompute: str) -> None:
 
 
 def layer_training_flops(
-    hidden: int, seq: int, ffn: int | None = None, recompute: str = "none"
+    hidden: int, seq: int, ffn: int | None = None, recompute: str = "none", causal: bool = False
 ) -> tuple[int, int]:
     """Training FLOPs per token of one layer, split as (attention side, MLP side): the attention
     side (QKV, projection, Q K^T, P V, and selective recomputation) shards by heads under
     tensor parallelism, the MLP (4hf) by its f columns. Each is ``RECOMPUTE_PASSES`` forwards."""
     _check_recompute(recompute)
     passes = RECOMPUTE_PASSES[recompute]
-    attention = passes * (attention_linear_flops(hidden) + attention_score_flops(seq, hidden))
+    scores = attention_score_flops(seq, hidden, causal)
+    attention = passes * (attention_linear_flops(hidden) + scores)
     if recompute == "selective":
         attention += selective_recompute_flops(seq, hidden)
     return attention, passes * mlp_flops(hidden, ffn)
@@ -130,15 +136,18 @@ def training_flops_per_token(
     vocab: int,
     ffn: int | None = None,
     recompute: str = "none",
+    causal: bool = False,
 ) -> float:
     """Forward + backward matmul FLOPs per token (Narayanan et al. 2021, eq. 3 and appendix):
-    l x ``layer_training_flops`` + 3 x 2hV (the logit layer is never recomputed).
+    l x ``layer_training_flops`` + 3 x 2hV (the logit layer is never recomputed). ``causal``
+    counts only the scores the causal mask keeps (``attention_score_flops``): 6N + 6l(s + 1)h
+    without recomputation, instead of 6N + 12lsh.
 
     - ``none``: 3 (l (8h^2 + 4hf + 4sh) + 2hV) = 6N + 12lsh, i.e. 72 s l h^2 (1 + s/(6h) +
       V/(12hl)) per sequence for f = 4h.
     - ``full``: one more forward of every layer, 96 s l h^2 (1 + s/(6h) + V/(16lh)).
     - ``selective``: + 12sh per layer (``selective_recompute_flops``)."""
-    attention, mlp = layer_training_flops(hidden, seq, ffn, recompute)
+    attention, mlp = layer_training_flops(hidden, seq, ffn, recompute, causal)
     return float(layers * (attention + mlp) + TRAIN_MULTIPLIER * lm_head_flops(hidden, vocab))
 
 

@@ -132,7 +132,9 @@ class GPT(nn.Module):
             n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
         return n
 
-    def flops_per_token(self, training: bool = True, seq_len: int | None = None) -> float:
+    def flops_per_token(
+        self, training: bool = True, seq_len: int | None = None, causal: bool = False
+    ) -> float:
         """Matmul FLOPs per token for a forward (x1) or forward+backward (x3) pass.
 
         A matmul of an (m, k) by a (k, n) matrix costs 2mkn FLOPs. Per token and layer:
@@ -143,13 +145,16 @@ class GPT(nn.Module):
         plus the LM head, 2 V C. Backward costs twice the forward, so training is
         6 N + 12 L T C with N = 12 L C^2 + V C, the Kaplan/PaLM formula. LayerNorm, GELU,
         softmax and adds are ignored: they are memory-bound and a few percent of the FLOPs.
+        ``causal=True`` counts only the scores the causal mask keeps, 2 (T + 1) C per layer
+        instead of 4 T C: the useful work, what a causal FlashAttention kernel computes. The
+        default keeps the full count, so MFU compares with nanoGPT's and PaLM's figures.
         The formulas live in ``tutorial_lib.flops``, shared with the cluster cost model.
         """
         c = self.config
         size = (c.n_layer, c.n_embd, seq_len or c.block_size, c.vocab_size)
         if training:
-            return flops.training_flops_per_token(*size)
-        return float(flops.forward_flops_per_token(*size))
+            return flops.training_flops_per_token(*size, causal=causal)
+        return float(flops.forward_flops_per_token(*size, causal=causal))
 
     # ---- sampling --------------------------------------------------------------------------
     @torch.no_grad()

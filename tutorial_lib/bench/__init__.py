@@ -8,9 +8,11 @@ measuring tools of ``tutorial_lib.perf``, and nothing below it imports it.
 - ``policy_bench``: one training step per precision policy (chapter 3, benchmarks/precision.py);
 - ``fp8_model``: the roofline model of when FP8 pays off (chapter 5);
 - ``gemm_bench``: BF16 vs FP8 GEMM times by width on rotating inputs (chapter 5);
-- ``ladder``: chapter 8's ablation ladder; ``fusion_bench``: chapter 7's ops and steps.
+- ``ladder``: chapter 8's ablation ladder; ``fusion_bench``: chapter 7's ops and steps;
+- ``attention_bench``: attention's peak memory against T, and SDPA's backends (chapter 7).
 """
 
+from . import attention_bench
 from .fp8_model import GemmCost, linear_layer_cost, sweep
 from .gemm_bench import GemmTiming, gemm_sweep, gemm_sweep_table, plot_gemm_sweep
 from .policy_bench import benchmark_policies, make_step, run_policy
@@ -26,6 +28,7 @@ from .results import (
 )
 
 __all__ = [
+    "attention_bench",
     # recorded results
     "environment_stamp",
     "write_results",

@@ -30,6 +30,7 @@ CPU through NumPy, correct but slow, which is how the tests and the ``ci`` prese
 
 from __future__ import annotations
 
+from .attention import attention_reference, flash_attention, flash_attention_forward
 from .bias_gelu import bias_gelu, bias_gelu_backward, bias_gelu_forward, bias_gelu_reference
 from .compile import (
     CompileReport,
@@ -88,7 +89,9 @@ __all__ = [
     "add_layer_norm",
     "softmax",
     "cross_entropy",
+    "flash_attention",
     # references
+    "attention_reference",
     "bias_gelu_reference",
     "layer_norm_reference",
     "add_layer_norm_reference",
@@ -104,6 +107,7 @@ __all__ = [
     "softmax_backward",
     "cross_entropy_forward",
     "cross_entropy_backward",
+    "flash_attention_forward",
     # runtime
     "triton_status",
     "interpreter_mode",

@@ -7,7 +7,14 @@ recorded-results format they write, are one level up in ``tutorial_lib.bench``."
 
 from .flops import count_flops, flops_by_op, train_step_flops
 from .measured import NOISE, GemmRates, compare_times, measure_gemm_rates, on_this_device
-from .memory import MemoryReport, memory_report, peak_memory_bytes, reset_peak_memory
+from .memory import (
+    MemoryReport,
+    TensorMemoryTracker,
+    memory_report,
+    peak_memory_bytes,
+    reset_peak_memory,
+    tensor_peak_bytes,
+)
 from .mfu import format_mfu, mfu, tokens_per_second
 from .profiler import OpStat, format_op_table, profile_top_ops
 from .roofline import (
@@ -54,6 +61,8 @@ __all__ = [
     "reset_peak_memory",
     "MemoryReport",
     "memory_report",
+    "tensor_peak_bytes",
+    "TensorMemoryTracker",
     # FLOP counting
     "count_flops",
     "flops_by_op",

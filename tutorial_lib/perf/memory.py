@@ -1,14 +1,27 @@
-"""Peak memory: allocator statistics on CUDA, peak resident set size on the CPU."""
+"""Peak memory: allocator statistics on CUDA, peak resident set size on the CPU, and the peak of
+the tensors a piece of code allocates, on any device (``tensor_peak_bytes``)."""
 
 from __future__ import annotations
 
 import resource
 import sys
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-__all__ = ["peak_memory_bytes", "reset_peak_memory", "MemoryReport", "memory_report"]
+__all__ = [
+    "peak_memory_bytes",
+    "reset_peak_memory",
+    "MemoryReport",
+    "memory_report",
+    "tensor_peak_bytes",
+    "TensorMemoryTracker",
+]
 
 
 def reset_peak_memory(device: torch.device | str) -> None:
@@ -65,3 +78,51 @@ def memory_report(device: torch.device | str) -> MemoryReport:
         allocated = int(torch.cuda.max_memory_allocated(device))
         reserved = int(torch.cuda.max_memory_reserved(device))
     return MemoryReport(str(device), allocated, reserved, _peak_rss_bytes())
+
+
+class TensorMemoryTracker(TorchDispatchMode):
+    """Counts the bytes of every tensor storage an op allocates while the mode is active, and
+    frees them when the storage dies (a ``weakref.finalize`` on it: a storage that autograd keeps
+    for the backward stays counted until the backward frees it). ``peak``: the most bytes live at
+    once, above what existed when tracking began; ``live``: what is live now.
+
+    It sees what ops return (outputs, and so what autograd saves), on any device and in the
+    backward too; not a kernel's internal scratch buffers, nor the allocator's caching and
+    fragmentation (``torch.cuda.max_memory_allocated`` sees those on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[int, int] = {}
+
+    def _freed(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor)
+        }
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key in inputs or key in self._sizes or storage.nbytes() == 0:
+                continue  # a view or an in-place result, or already counted
+            self._sizes[key] = storage.nbytes()
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._freed, key)
+        return out
+
+
+def tensor_peak_bytes(fn: Callable[[], object]) -> int:
+    """The most bytes of tensors ``fn()`` had allocated at once (``TensorMemoryTracker``),
+    measured the same way on a CPU and a GPU; what ``fn`` returns is dropped before it ends."""
+    with TensorMemoryTracker() as tracker:
+        fn()
+    return tracker.peak
