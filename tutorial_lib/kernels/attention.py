@@ -78,6 +78,7 @@ def _attn_fwd_kernel(
     scale: Any,
     CAUSAL: tl.constexpr,
     F32_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -107,7 +108,9 @@ def _attn_fwd_kernel(
         v = tl.load(v_ptr + kv, mask=kv_mask, other=0.0)
         if F32_DOT:
             k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # (BLOCK_M, BLOCK_N)
+        s = (
+            tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
+        )  # (BLOCK_M, BLOCK_N)
         keep = col_ok[None, :]
         if CAUSAL:
             keep = keep & (cols[None, :] <= rows[:, None])
@@ -117,7 +120,9 @@ def _attn_fwd_kernel(
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION).to(
+            tl.float32
+        )
         m = m_new
     out = acc / l_sum[:, None]
     tl.store(
@@ -163,6 +168,7 @@ def _attn_bwd_dkdv_kernel(
     scale: Any,
     CAUSAL: tl.constexpr,
     F32_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -193,15 +199,17 @@ def _attn_bwd_dkdv_kernel(
             q, do = q.to(tl.float32), do.to(tl.float32)
         lse = tl.load(lse_ptr + head_rows + rows, mask=row_ok, other=0.0)
         delta = tl.load(delta_ptr + head_rows + rows, mask=row_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # (BLOCK_M, BLOCK_N)
+        s = (
+            tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
+        )  # (BLOCK_M, BLOCK_N)
         keep = row_ok[:, None] & col_ok[None, :]
         if CAUSAL:
             keep = keep & (cols[None, :] <= rows[:, None])
         p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)  # P, recomputed from L
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do).to(tl.float32)
-        dp = tl.dot(do, tl.trans(v)).to(tl.float32)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION).to(tl.float32)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION).to(tl.float32)
         ds = p * (dp - delta[:, None])
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q).to(tl.float32)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION).to(tl.float32)
     tl.store(dk_ptr + kv, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptr + kv, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
@@ -220,6 +228,7 @@ def _attn_bwd_dq_kernel(
     scale: Any,
     CAUSAL: tl.constexpr,
     F32_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -248,14 +257,14 @@ def _attn_bwd_dq_kernel(
         v = tl.load(v_ptr + kv, mask=kv_mask, other=0.0)
         if F32_DOT:
             k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
         keep = row_ok[:, None] & col_ok[None, :]
         if CAUSAL:
             keep = keep & (cols[None, :] <= rows[:, None])
         p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v)).to(tl.float32)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION).to(tl.float32)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k).to(tl.float32)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION).to(tl.float32)
     tl.store(dq_ptr + qo, (dq * scale).to(dq_ptr.dtype.element_ty), mask=qo_mask)
 
 
@@ -281,6 +290,12 @@ def _f32_dot(q: Tensor) -> bool:
     return interpreter_mode() and q.dtype == torch.bfloat16
 
 
+def _dot_precision(q: Tensor) -> str:
+    """FP32 inputs multiply in full FP32 ("ieee"), as the float64 check expects, not TF32 (which
+    ``tl.dot`` would use on a GPU by default); 16-bit inputs use the tensor cores as they are."""
+    return "ieee" if q.dtype == torch.float32 or _f32_dot(q) else "tf32"
+
+
 def _blocks(T: int, D: int, block: int | None) -> tuple[int, int]:
     """(BLOCK, BLOCK_D): one square tile size for queries and keys (16 at least: ``tl.dot``'s
     minimum), 64 at most, or ``block``."""
@@ -301,7 +316,7 @@ def flash_attention_forward(
     size, block_d = _blocks(T, D, block)
     _attn_fwd_kernel[(cdiv(T, size), B * H)](
         q, k, v, o, lse, T, D, 1.0 / math.sqrt(D),
-        CAUSAL=causal, F32_DOT=_f32_dot(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
+        CAUSAL=causal, F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
     )  # fmt: skip
     return o, lse
 
@@ -329,11 +344,11 @@ def flash_attention_backward(
     grid = (cdiv(T, size), B * H)
     _attn_bwd_dkdv_kernel[grid](
         q, k, v, do, lse, delta, dk, dv, T, D, scale,
-        CAUSAL=causal, F32_DOT=_f32_dot(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
+        CAUSAL=causal, F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
     )  # fmt: skip
     _attn_bwd_dq_kernel[grid](
         q, k, v, do, lse, delta, dq, T, D, scale,
-        CAUSAL=causal, F32_DOT=_f32_dot(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
+        CAUSAL=causal, F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
     )  # fmt: skip
     return dq, dk, dv
 
