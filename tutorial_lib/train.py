@@ -34,7 +34,7 @@ from .config import GPTConfig, RunPreset
 from .data import TokenData, make_data
 from .hardware import describe_device
 from .model import GPT
-from .perf import mfu, peak_memory_bytes, reset_peak_memory, synchronize
+from .perf import mfu, peak_memory_bytes, phase, reset_peak_memory, synchronize
 from .precision import PrecisionPolicy, get_policy
 
 __all__ = [
@@ -279,31 +279,17 @@ class Trainer:
         t0 = time.perf_counter()
         total_loss = torch.zeros((), device=self.device)
         with self.policy.matmul_settings():
-            for _ in range(cfg.grad_accum):
-                x, y = self._batch("train")
-                with self.policy.autocast(self.device):
-                    _, loss = self._forward(x, y)
-                loss = loss / cfg.grad_accum
-                total_loss += loss.detach()
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
-            if self.scaler:
-                self.scaler.unscale_(self.optimizer)
-            grad_norm = self._clip_grad_norm(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            loss_value = self._mean_over_ranks(total_loss).item()  # synchronises
-            norm_value = float(grad_norm)
-            # Without a scaler (which skips such steps) one NaN gradient would turn every weight
-            # into NaN, clipping included, before the loss shows it: stop here instead.
-            if not math.isfinite(loss_value) or (
-                self.scaler is None and not math.isfinite(norm_value)
-            ):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteLossError(step, loss_value, self.last_checkpoint, norm_value)
-            if self.scaler:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            for _ in range(cfg.grad_accum):  # the phases show in profiler traces (perf.trace)
+                with phase("forward", self.device):
+                    x, y = self._batch("train")
+                    with self.policy.autocast(self.device):
+                        _, loss = self._forward(x, y)
+                    loss = loss / cfg.grad_accum
+                    total_loss += loss.detach()
+                with phase("backward", self.device):
+                    (self.scaler.scale(loss) if self.scaler else loss).backward()
+            with phase("optimizer", self.device):
+                loss_value, norm_value = self._optimizer_step(step, total_loss)
         synchronize(self.device)
         dt = time.perf_counter() - t0
         tps = self.tokens_per_step / dt
@@ -321,6 +307,27 @@ class Trainer:
             "peak_mem_bytes": float(peak_memory_bytes(self.device)),
             "val_loss": None,
         }
+
+    def _optimizer_step(self, step: int, total_loss: torch.Tensor) -> tuple[float, float]:
+        """Unscale, clip, check for NaN, step, zero the gradients; (loss, gradient norm)."""
+        cfg = self.cfg
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = self._clip_grad_norm(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        loss_value = self._mean_over_ranks(total_loss).item()  # synchronises
+        norm_value = float(grad_norm)
+        # Without a scaler (which skips such steps) one NaN gradient would turn every weight
+        # into NaN, clipping included, before the loss shows it: stop here instead.
+        if not math.isfinite(loss_value) or (self.scaler is None and not math.isfinite(norm_value)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(step, loss_value, self.last_checkpoint, norm_value)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_value, norm_value
 
     # ---- what a parallel trainer overrides (parallel.launch.TPTrainer, parallel.dp.DPTrainer)
     def _batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:

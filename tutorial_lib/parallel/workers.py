@@ -22,7 +22,7 @@ from ..fp8 import DelayedScaling, FP8Linear, autocast, convert_to_fp8
 from ..model import GPT
 from ..train import TrainConfig
 from . import comm
-from .comm import Group, group_rank
+from .comm import Group, group_rank, group_size
 from .launch import TPTrainer
 from .shard import ShardMap, UnitSpec, global_index
 from .tp import ColumnParallelLinear, RowParallelLinear, gather_full, parallelize
@@ -37,6 +37,7 @@ __all__ = [
     "fp8_ddp_steps",
     "raise_on_rank",
     "vocab_and_region_check",
+    "tp_trace_step",
     "sp_generation_check",
 ]
 
@@ -279,6 +280,32 @@ def tp_train_steps(
     finally:
         torch.set_default_dtype(default)
     return {"history": history, "state_dict": trainer.state_dict()["model"]}
+
+
+def tp_trace_step(
+    group: Group,
+    cfg: GPTConfig,
+    data: tuple[torch.Tensor, torch.Tensor, int, int],
+    train_cfg: TrainConfig,
+    path: str,
+) -> dict[str, Any] | None:
+    """One ``TPTrainer`` step (after one warm-up step) traced on TP rank 0 (``perf.record_trace``
+    to ``path``); the other ranks run the same steps untraced. Rank 0 returns the
+    ``trace_summary`` of its trace, the others None."""
+    from ..perf import load_trace, record_trace, trace_summary
+
+    shard_map = ShardMap.even(cfg, group_size(group))
+    torch.manual_seed(0)
+    trainer = TPTrainer(
+        parallelize(GPT(cfg), group, shard_map), TokenData(*data), train_cfg, group, shard_map,
+        device="cpu",
+    )  # fmt: skip
+    if group_rank(group) != 0:
+        trainer.train_step()
+        trainer.train_step()
+        return None
+    record_trace(trainer.train_step, path, warmup=1, steps=1, device="cpu")
+    return trace_summary(load_trace(path))
 
 
 def fp8_ddp_steps(

@@ -36,8 +36,25 @@ from .timing import (
     synced_time,
     synchronize,
 )
+from .trace import (
+    PHASES,
+    TraceEvent,
+    load_trace,
+    phase,
+    plot_timeline,
+    record_trace,
+    trace_summary,
+)
 
 __all__ = [
+    # traces
+    "PHASES",
+    "TraceEvent",
+    "load_trace",
+    "phase",
+    "plot_timeline",
+    "record_trace",
+    "trace_summary",
     # timing
     "BenchResult",
     "benchmark",

@@ -36,6 +36,8 @@ def profile_top_ops(
             torch.cuda.synchronize()
     stats = []
     for evt in prof.key_averages():
+        if getattr(evt, "is_user_annotation", False):
+            continue  # a range the code marked (the trainer's phases), not an operator
         t_us = evt.self_device_time_total if use_cuda else evt.self_cpu_time_total
         if t_us > 0:
             stats.append((evt.key, evt.count, t_us / 1e6))
