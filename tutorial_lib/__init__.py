@@ -16,6 +16,7 @@ import torch as _torch
 if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"
 
+from . import tokenizer
 from .build import ModelRecipe, build_model
 from .config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
 from .data import ByteTokenizer, TokenData, load_corpus, make_data, synthetic_batch
@@ -35,6 +36,7 @@ __all__ = [
     "PRESETS",
     "get_preset",
     "ByteTokenizer",
+    "tokenizer",
     "TokenData",
     "load_corpus",
     "make_data",

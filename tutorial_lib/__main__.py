@@ -4,6 +4,7 @@ each)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -21,6 +22,7 @@ from .hardware import default_device, describe_device, fp8_gemm_status, te_avail
 from .precision import available_policies
 
 if TYPE_CHECKING:
+    from .tokenizer import BPETokenizer
     from .train import Trainer
 
 __all__ = ["main", "build_parser"]
@@ -77,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--sharded-checkpoint",
         action="store_true",
         help="write OUT/checkpoint/ with torch.distributed.checkpoint: every rank its own shards",
+    )
+    train.add_argument(
+        "--tokenizer",
+        choices=("bytes", "bpe"),
+        help="bytes (256 symbols) or a byte-level BPE trained on the corpus, saved as "
+        "OUT/tokenizer.json and reused by --resume (default: the preset's)",
+    )
+    train.add_argument(
+        "--vocab-size", type=_positive_int, help="BPE vocabulary (default: the preset's)"
     )
     train.add_argument("--fused", action="store_true", help="our Triton kernels (chapter 7)")
     train.add_argument("--compile", action="store_true", help="torch.compile the training step")
@@ -226,7 +237,10 @@ def _train(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=not args.no_progress,
     )
-    data = make_data(model_cfg.block_size, path=args.data, seed=args.seed)
+    tokenizer = _tokenizer(args, preset)
+    if tokenizer is not None:
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.padded_vocab_size)
+    data = make_data(model_cfg.block_size, path=args.data, seed=args.seed, tokenizer=tokenizer)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.dp is None:  # torchrun with N processes: data parallelism over what --tp leaves
         args.dp = max(1, world // args.tp) if world > 1 else 1
@@ -289,6 +303,36 @@ def _train(args: argparse.Namespace) -> int:
             f"wrote {ckpt} and {args.out / 'metrics.json'}"
         )
     return 0
+
+
+def _tokenizer(args: argparse.Namespace, preset: RunPreset) -> BPETokenizer | None:
+    """None for bytes; for BPE, OUT/tokenizer.json when resuming a run that saved one, else one
+    trained on the corpus's training split (the same on every rank: training is deterministic)
+    and saved there."""
+    name = args.tokenizer or preset.tokenizer
+    if name == "bytes":
+        if args.vocab_size is not None:
+            raise ValueError("--vocab-size sets the BPE vocabulary: use it with --tokenizer bpe.")
+        return None
+    from .data import load_corpus, train_split_bytes
+    from .tokenizer import TOKENIZER_FILE, BPETokenizer, train_bpe
+
+    saved = args.out / TOKENIZER_FILE
+    if args.resume and saved.exists():
+        tokenizer = BPETokenizer.load(saved)
+        if args.vocab_size is not None and args.vocab_size != tokenizer.vocab_size:
+            raise ValueError(
+                f"--vocab-size {args.vocab_size}, but the run being resumed saved a tokenizer "
+                f"of {tokenizer.vocab_size} tokens ({saved}): drop --vocab-size, or start a new "
+                "run in another --out."
+            )
+        return tokenizer
+    vocab = args.vocab_size or preset.bpe_vocab
+    tokenizer = train_bpe(train_split_bytes(load_corpus(args.data)), vocab)
+    if int(os.environ.get("RANK", "0")) == 0:
+        tokenizer.save(saved)
+        print(f"tokenizer: byte-level BPE, {tokenizer.vocab_size} tokens, saved as {saved}")
+    return tokenizer
 
 
 def _resume(trainer: Trainer, ckpt: Path, out: Path) -> None:

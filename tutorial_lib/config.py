@@ -141,6 +141,9 @@ class RunPreset:
         recipe_steps: steps per run of chapter 6's FP8 recipe comparison (seven runs, BF16 and
             six recipes; batch parity_batch_size).
     sample_tokens: how many bytes ``generate`` writes in the sampling demos.
+    tokenizer: what ``train`` on the command line tokenizes with by default: ``"bytes"`` (256
+        symbols) or ``"bpe"`` (``tokenizer.train_bpe``, ``bpe_vocab`` tokens, the model's
+        vocabulary padded to a multiple of 64).
     """
 
     name: str
@@ -163,6 +166,8 @@ class RunPreset:
     ladder_steps: int = 100
     recipe_steps: int = 100
     sample_tokens: int = 200
+    tokenizer: str = "bytes"
+    bpe_vocab: int = 1024
 
     def model_config(self, **overrides: Unpack[GPTConfigOverrides]) -> GPTConfig:
         merged: GPTConfigOverrides = {**self.model_overrides, **overrides}
@@ -232,6 +237,7 @@ PRESETS: dict[str, RunPreset] = {
         ladder_steps=100,
         recipe_steps=100,
         sample_tokens=300,
+        bpe_vocab=50257,  # GPT-2's, padded to 50,304 rows in the model
     ),
 }
 

@@ -15,12 +15,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .tokenizer import BPETokenizer, tokenize
+
 __all__ = [
     "ByteTokenizer",
     "stdlib_source_dir",
     "load_corpus",
     "TokenData",
     "make_data",
+    "train_split_bytes",
     "synthetic_batch",
 ]
 
@@ -95,8 +98,8 @@ def load_corpus(
 class TokenData:
     """Train and validation token streams and a seeded sampler of (input, target) batches."""
 
-    train: torch.Tensor  # (N_train,) uint8 token ids
-    val: torch.Tensor  # (N_val,) uint8 token ids
+    train: torch.Tensor  # (N_train,) token ids: uint8 bytes, or int32 BPE tokens
+    val: torch.Tensor  # (N_val,) token ids
     block_size: int
     seed: int = 0
 
@@ -154,14 +157,25 @@ def make_data(
     val_fraction: float = 0.1,
     seed: int = 0,
     max_bytes: int | None = 8_000_000,
+    tokenizer: BPETokenizer | None = None,
 ) -> TokenData:
-    """Byte-tokenize a corpus (see ``load_corpus``) and split it: the last part is validation."""
+    """Tokenize a corpus (see ``load_corpus``): one token per byte, or with a trained BPE
+    ``tokenizer`` (``tokenizer.train_bpe``); then split it: the last part is validation."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
     corpus = load_corpus(path, max_bytes=max_bytes)
-    tokens = torch.from_numpy(np.frombuffer(corpus, dtype=np.uint8).copy())
+    if tokenizer is not None:
+        tokens = tokenize(corpus, tokenizer)
+    else:
+        tokens = torch.from_numpy(np.frombuffer(corpus, dtype=np.uint8).copy())
     n_train = len(tokens) - int(len(tokens) * val_fraction)  # not tokens[:-n_val]: n_val may be 0
     return TokenData(tokens[:n_train], tokens[n_train:], block_size=block_size, seed=seed)
+
+
+def train_split_bytes(corpus: bytes, val_fraction: float = 0.1) -> bytes:
+    """The part of ``corpus`` that ``make_data`` trains on (the rest is validation): what a
+    tokenizer should be trained on, so validation text stays unseen."""
+    return corpus[: len(corpus) - int(len(corpus) * val_fraction)]
 
 
 def synthetic_batch(
