@@ -155,11 +155,12 @@ def _run_dist_checks(corpus: bytes) -> dict[str, Any]:
             (CFG, UNEVEN_2, sd, _train_data(corpus), TRAIN_CFG, torch.float64),
         ),
     }
-    from tutorial_lib.parallel.dtensor_tp import compare_with_megatron
+    from tutorial_lib.parallel.dtensor_tp import compare_with_megatron, dtensor_fsdp_losses
 
     jobs["vocab"] = ((1, 2, 3), workers.vocab_and_region_check, (VOCAB_TOKENS, VOCAB_SIZE))
     jobs["sp_generate"] = ((1, 2, 3), workers.sp_generation_check, (SP_CFG, (1, 5, 8)))
     jobs["dtensor"] = ((0, 1), compare_with_megatron, (DT_CFG, 3))
+    jobs["dtensor2d"] = ((0, 1, 2, 3), dtensor_fsdp_losses, (DT_CFG, 3))  # dp 2 x tp 2
     for name, (ranks, cfg, shard_map) in GPT_CASES.items():
         model, batch = _model_and_batch(cfg=cfg)
         jobs[name] = (
@@ -487,6 +488,20 @@ def test_dtensor_parallelize_module_matches_our_megatron_layers(
         assert got["dtensor"] == pytest.approx(got["ours"], rel=1e-6)
         assert max(got["grad_diff"]) < 1e-6
         assert got["ours"][0] != got["ours"][-1]  # the steps changed the model
+
+
+def test_dtensor_tp_under_fsdp2_on_a_2d_mesh_reproduces_one_process(
+    dist_results: dict[str, Any],
+) -> None:
+    """4 ranks, dp 2 x tp 2 as torchtitan composes them: DTensor's TP over the mesh's tp
+    dimension, FSDP2 over its dp dimension; three SGD steps give one process's losses."""
+    from tutorial_lib.parallel.dtensor_tp import sgd_losses
+
+    ref = sgd_losses(DT_CFG, 3)
+    assert ref[0] != ref[-1]  # the steps changed the model
+    assert len(dist_results["dtensor2d"]) == 4
+    for got in dist_results["dtensor2d"]:
+        assert got == pytest.approx(ref, rel=1e-5)
 
 
 def test_regroup_qkv_round_trips_and_puts_each_ranks_heads_together() -> None:

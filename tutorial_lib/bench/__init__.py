@@ -9,10 +9,11 @@ measuring tools of ``tutorial_lib.perf``, and nothing below it imports it.
 - ``fp8_model``: the roofline model of when FP8 pays off (chapter 5);
 - ``gemm_bench``: BF16 vs FP8 GEMM times by width on rotating inputs (chapter 5);
 - ``ladder``: chapter 8's ablation ladder; ``fusion_bench``: chapter 7's ops and steps;
-- ``attention_bench``: attention's peak memory against T, and SDPA's backends (chapter 7).
+- ``attention_bench``: attention's peak memory against T, and SDPA's backends (chapter 7);
+- ``overheads``: launch-bound steps, torch.compile's modes, the padded vocabulary (chapter 7).
 """
 
-from . import attention_bench
+from . import attention_bench, overheads
 from .fp8_model import GemmCost, linear_layer_cost, sweep
 from .gemm_bench import GemmTiming, gemm_sweep, gemm_sweep_table, plot_gemm_sweep
 from .policy_bench import benchmark_policies, make_step, run_policy
@@ -29,6 +30,7 @@ from .results import (
 
 __all__ = [
     "attention_bench",
+    "overheads",
     # recorded results
     "environment_stamp",
     "write_results",

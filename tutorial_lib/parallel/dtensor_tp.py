@@ -14,6 +14,11 @@ rank 0 all of Q and half of K. ``regroup_qkv`` reorders the rows to [Q_0 K_0 V_0
 ...] (rank r's heads together), the layout Megatron stores, so each rank's block is its heads'
 Q, K and V and the attention code runs unchanged on the local tensor (``use_local_output``).
 ``ungroup_qkv`` is the inverse, for comparing with or saving as the plain model.
+
+2D, as torchtitan composes them: ``dtensor_fsdp_losses`` puts DTensor TP on the ``tp``
+dimension of a (dp, tp) ``DeviceMesh`` and FSDP2 (``fully_shard``) on its ``dp`` dimension, so
+each parameter is a DTensor sharded over both; ``sgd_losses`` is the same training in one
+process, which it must reproduce.
 """
 
 from __future__ import annotations
@@ -25,7 +30,14 @@ from torch import nn
 
 from ..model import GPT
 
-__all__ = ["compare_with_megatron", "dtensor_parallelize", "regroup_qkv", "ungroup_qkv"]
+__all__ = [
+    "compare_with_megatron",
+    "dtensor_fsdp_losses",
+    "dtensor_parallelize",
+    "regroup_qkv",
+    "sgd_losses",
+    "ungroup_qkv",
+]
 
 
 def _qkv_order(n_embd: int, n_head: int, tp: int) -> torch.Tensor:
@@ -126,3 +138,82 @@ def compare_with_megatron(
             max(float((grads[0][n] - grads[1][n]).abs().max()) for n in grads[0])
         )
     return out
+
+
+def _sgd_batches(cfg: object, steps: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    from ..config import GPTConfig
+
+    assert isinstance(cfg, GPTConfig)
+    gen = torch.Generator().manual_seed(1)
+    shape = (batch, cfg.block_size)
+    return [
+        (
+            torch.randint(0, cfg.vocab_size, shape, generator=gen),
+            torch.randint(0, cfg.vocab_size, shape, generator=gen),
+        )
+        for _ in range(steps)
+    ]
+
+
+def sgd_losses(cfg: object, steps: int = 3, lr: float = 0.1, batch: int = 4) -> list[float]:
+    """One process: ``steps`` plain SGD steps of the seeded GPT on ``_sgd_batches``; the losses."""
+    torch.manual_seed(0)
+    model = GPT(cfg)  # type: ignore[arg-type]
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in _sgd_batches(cfg, steps, batch):
+        _, loss = model(x, y)
+        assert loss is not None
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def dtensor_fsdp_losses(
+    groups: tuple[torch.distributed.ProcessGroup, ...],
+    cfg: object,
+    steps: int = 3,
+    lr: float = 0.1,
+    batch: int = 4,
+) -> list[float]:
+    """dp x tp on the job's processes: DTensor TP (``dtensor_parallelize``) over the ``tp``
+    dimension of a 2D ``DeviceMesh``, FSDP2 over its ``dp`` dimension, each data-parallel rank
+    on its rows of the global batch; the same SGD steps as ``sgd_losses``, whose losses (the
+    mean over the data-parallel ranks) it returns. ``groups``: (data-parallel, tensor-parallel,
+    whole job), as ``workers.run_jobs`` hands a job with ``mesh_tp``."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    dp_group, tp_group, job = groups
+    ranks = dist.get_process_group_ranks(job)
+    tp = dist.get_world_size(tp_group)
+    dp = len(ranks) // tp
+    mesh = DeviceMesh.from_group(
+        [dp_group, tp_group], "cpu", mesh=torch.tensor(ranks).view(dp, tp),
+        mesh_dim_names=("dp", "tp"),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = dtensor_parallelize(GPT(cfg), mesh["tp"])  # type: ignore[arg-type]
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    d = dist.get_rank(dp_group)
+    rows = slice(d * batch // dp, (d + 1) * batch // dp)
+    losses = []
+    for x, y in _sgd_batches(cfg, steps, batch):
+        _, loss = model(x[rows], y[rows])
+        assert loss is not None
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=dp_group)
+        losses.append(float(total) / dp)
+    return losses
+
+
+dtensor_fsdp_losses.mesh_tp = lambda *args: 2  # type: ignore[attr-defined]  # run_jobs: tp 2
