@@ -160,6 +160,7 @@ def _run_dist_checks(corpus: bytes) -> dict[str, Any]:
     jobs["vocab"] = ((1, 2, 3), workers.vocab_and_region_check, (VOCAB_TOKENS, VOCAB_SIZE))
     jobs["sp_generate"] = ((1, 2, 3), workers.sp_generation_check, (SP_CFG, (1, 5, 8)))
     jobs["dtensor"] = ((0, 1), compare_with_megatron, (DT_CFG, 3))
+    jobs["dtensor_sp"] = ((2, 3), compare_with_megatron, (DT_CFG, 3, 0.1, True))
     jobs["dtensor2d"] = ((0, 1, 2, 3), dtensor_fsdp_losses, (DT_CFG, 3))  # dp 2 x tp 2
     for name, (ranks, cfg, shard_map) in GPT_CASES.items():
         model, batch = _model_and_batch(cfg=cfg)
@@ -488,6 +489,15 @@ def test_dtensor_parallelize_module_matches_our_megatron_layers(
         assert got["dtensor"] == pytest.approx(got["ours"], rel=1e-6)
         assert max(got["grad_diff"]) < 1e-6
         assert got["ours"][0] != got["ours"][-1]  # the steps changed the model
+
+
+def test_dtensor_sequence_parallel_matches_ours(dist_results: dict[str, Any]) -> None:
+    """Both sequence-parallel (DTensor's SequenceParallel, PrepareModuleInput and RowwiseParallel
+    to Shard(1); our TPGPT with sequence_parallel=True): the same losses and local gradients."""
+    for got in dist_results["dtensor_sp"]:
+        assert got["dtensor"] == pytest.approx(got["ours"], rel=1e-6)
+        assert max(got["grad_diff"]) < 1e-6
+        assert got["ours"][0] != got["ours"][-1]
 
 
 def test_dtensor_tp_under_fsdp2_on_a_2d_mesh_reproduces_one_process(

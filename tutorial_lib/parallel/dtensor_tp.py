@@ -60,13 +60,27 @@ def ungroup_qkv(t: torch.Tensor, n_head: int, tp: int) -> torch.Tensor:
     return out
 
 
-def dtensor_parallelize(model: GPT, mesh: torch.distributed.device_mesh.DeviceMesh) -> GPT:
+def dtensor_parallelize(
+    model: GPT, mesh: torch.distributed.device_mesh.DeviceMesh, sequence_parallel: bool = False
+) -> GPT:
     """``model`` (a full plain GPT, the same weights on every rank) made tensor-parallel in place
     over the one-dimensional ``mesh`` with DTensor; returns it. Needs an even split: ``n_head``
-    divisible by the mesh size."""
+    divisible by the mesh size.
+
+    ``sequence_parallel``: Megatron's sequence parallelism the DTensor way. The residual stream
+    between the blocks is a DTensor sharded on the sequence (``Shard(1)``): the first block's
+    input is cut (``PrepareModuleInput``), each block's LayerNorms run on their slice
+    (``SequenceParallel``), the attention and the MLP gather their input (``PrepareModuleInput``
+    to ``Replicate``) and the row-parallel layers reduce-scatter their output
+    (``RowwiseParallel(output_layouts=Shard(1))``); the final LayerNorm gets the gathered
+    sequence. The sequence length must divide by the mesh size."""
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        ParallelStyle,
+        PrepareModuleInput,
         RowwiseParallel,
+        SequenceParallel,
         parallelize_module,
     )
 
@@ -76,30 +90,56 @@ def dtensor_parallelize(model: GPT, mesh: torch.distributed.device_mesh.DeviceMe
             f"DTensor's Shard(0) splits evenly: {cfg.n_head} heads do not divide over {tp} "
             "ranks. Choose a TP degree that divides n_head, or use parallel.tp (uneven shards)."
         )
-    plan: dict[str, ColwiseParallel | RowwiseParallel] = {}
+    if sequence_parallel and cfg.block_size % tp:
+        raise ValueError(
+            f"Sequence parallelism splits the {cfg.block_size} positions over {tp} ranks: "
+            "choose a block size divisible by the TP degree, or sequence_parallel=False."
+        )
+    seq, rep = Shard(1), Replicate()
+    plan: dict[str, ParallelStyle] = {}
     for i, block in enumerate(model.blocks):
         qkv = cast(nn.Linear, block.get_submodule("attn.qkv"))
         with torch.no_grad():
             qkv.weight.copy_(regroup_qkv(qkv.weight, cfg.n_head, tp))
             if qkv.bias is not None:
                 qkv.bias.copy_(regroup_qkv(qkv.bias, cfg.n_head, tp))
-        plan[f"blocks.{i}.attn.qkv"] = ColwiseParallel()
-        plan[f"blocks.{i}.attn.proj"] = RowwiseParallel()
-        plan[f"blocks.{i}.mlp.fc"] = ColwiseParallel()
-        plan[f"blocks.{i}.mlp.proj"] = RowwiseParallel()
+        b = f"blocks.{i}"
+        plan[f"{b}.attn.qkv"] = ColwiseParallel()
+        plan[f"{b}.mlp.fc"] = ColwiseParallel()
+        if not sequence_parallel:
+            plan[f"{b}.attn.proj"] = RowwiseParallel()
+            plan[f"{b}.mlp.proj"] = RowwiseParallel()
+            continue
+        for part in ("attn", "mlp"):  # gather the sequence in, reduce-scatter it out
+            plan[f"{b}.{part}"] = PrepareModuleInput(
+                input_layouts=(seq,), desired_input_layouts=(rep,)
+            )
+            plan[f"{b}.{part}.proj"] = RowwiseParallel(output_layouts=seq, use_local_output=False)
+        plan[f"{b}.ln1"] = SequenceParallel()
+        plan[f"{b}.ln2"] = SequenceParallel()
+    if sequence_parallel:  # into the blocks: cut the sequence; out of them: gather it
+        plan["blocks.0"] = PrepareModuleInput(
+            input_layouts=(rep,), desired_input_layouts=(seq,), use_local_output=False
+        )
+        plan["ln_f"] = PrepareModuleInput(
+            input_layouts=(seq,), desired_input_layouts=(rep,), use_local_output=True
+        )
     parallelize_module(model, mesh, plan)  # type: ignore[arg-type]
     return model
 
 
 def compare_with_megatron(
-    group: torch.distributed.ProcessGroup, cfg: object, steps: int = 3, lr: float = 0.1
+    group: torch.distributed.ProcessGroup,
+    cfg: object,
+    steps: int = 3,
+    lr: float = 0.1,
+    sequence_parallel: bool = False,
 ) -> dict[str, list[float]]:
     """Our Megatron layers (``parallel.tp``) and DTensor's, from the same seeded GPT on the same
     batches, ``steps`` plain SGD steps each: per step both losses and the largest difference
-    between any two local gradients (the shards hold the same rows in the same order). For
-    a spawned worker (``workers.run_jobs``)."""
+    between any two local gradients (the shards hold the same rows in the same order); with
+    ``sequence_parallel``, both sequence-parallel. For a spawned worker (``workers.run_jobs``)."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor
 
     from ..config import GPTConfig
     from .shard import ShardMap
@@ -108,10 +148,11 @@ def compare_with_megatron(
     assert isinstance(cfg, GPTConfig)
     tp = torch.distributed.get_world_size(group)
     torch.manual_seed(0)
-    ours = parallelize(GPT(cfg), group, ShardMap.even(cfg, tp))
+    sp = sequence_parallel
+    ours = parallelize(GPT(cfg), group, ShardMap.even(cfg, tp), sequence_parallel=sp)
     torch.manual_seed(0)
     mesh = DeviceMesh.from_group(group, "cpu", mesh_dim_names=("tp",))
-    theirs = dtensor_parallelize(GPT(cfg), mesh)
+    theirs = dtensor_parallelize(GPT(cfg), mesh, sequence_parallel=sp)
     gen = torch.Generator().manual_seed(1)
     out: dict[str, list[float]] = {"ours": [], "dtensor": [], "grad_diff": []}
     for _ in range(steps):
@@ -125,9 +166,7 @@ def compare_with_megatron(
             loss.backward()
             out[name].append(float(loss.detach()))
             local = {
-                n: p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                for n, p in model.named_parameters()
-                if p.grad is not None
+                n: _local_grad(p.grad) for n, p in model.named_parameters() if p.grad is not None
             }
             grads.append(local)
             with torch.no_grad():
@@ -169,6 +208,19 @@ def sgd_losses(cfg: object, steps: int = 3, lr: float = 0.1, batch: int = 4) -> 
         opt.zero_grad()
         losses.append(float(loss.detach()))
     return losses
+
+
+def _local_grad(grad: torch.Tensor) -> torch.Tensor:
+    """This rank's gradient as a plain tensor: a DTensor's local shard, after summing a
+    ``Partial`` one (a LayerNorm weight's under sequence parallelism: each rank holds its own
+    positions' share until DTensor sums it, when the update combines it with the replicated
+    weight)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if not isinstance(grad, DTensor):
+        return grad
+    placements = [Replicate() if p.is_partial() else p for p in grad.placements]
+    return grad.redistribute(placements=placements).to_local()
 
 
 def dtensor_fsdp_losses(
