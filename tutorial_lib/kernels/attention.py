@@ -154,6 +154,33 @@ def _attn_delta_kernel(
 
 
 @triton.jit
+def _probs_and_dscores(
+    q: Any,
+    k: Any,
+    v: Any,
+    do: Any,
+    lse: Any,
+    delta: Any,
+    rows: Any,
+    cols: Any,
+    row_ok: Any,
+    col_ok: Any,
+    scale: Any,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+) -> Any:
+    """The backward kernels' shared core on a (query block, key block) tile: P recomputed from
+    the stored logsumexp L (zero where masked), and dS = P * (dO V^T - delta)."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
+    keep = row_ok[:, None] & col_ok[None, :]
+    if CAUSAL:
+        keep = keep & (cols[None, :] <= rows[:, None])
+    p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION).to(tl.float32)
+    return p, p * (dp - delta[:, None])
+
+
+@triton.jit
 def _attn_bwd_dkdv_kernel(
     q_ptr: Any,
     k_ptr: Any,
@@ -199,16 +226,10 @@ def _attn_bwd_dkdv_kernel(
             q, do = q.to(tl.float32), do.to(tl.float32)
         lse = tl.load(lse_ptr + head_rows + rows, mask=row_ok, other=0.0)
         delta = tl.load(delta_ptr + head_rows + rows, mask=row_ok, other=0.0)
-        s = (
-            tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
-        )  # (BLOCK_M, BLOCK_N)
-        keep = row_ok[:, None] & col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None])
-        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)  # P, recomputed from L
+        p, ds = _probs_and_dscores(
+            q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, scale, CAUSAL, DOT_PRECISION
+        )
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION).to(tl.float32)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION).to(tl.float32)
-        ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION).to(tl.float32)
     tl.store(dk_ptr + kv, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptr + kv, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
@@ -257,13 +278,9 @@ def _attn_bwd_dq_kernel(
         v = tl.load(v_ptr + kv, mask=kv_mask, other=0.0)
         if F32_DOT:
             k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
-        keep = row_ok[:, None] & col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None])
-        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION).to(tl.float32)
-        ds = p * (dp - delta[:, None])
+        _, ds = _probs_and_dscores(
+            q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, scale, CAUSAL, DOT_PRECISION
+        )
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION).to(tl.float32)
     tl.store(dq_ptr + qo, (dq * scale).to(dq_ptr.dtype.element_ty), mask=qo_mask)
 
