@@ -124,7 +124,7 @@ def dtensor_parallelize(
         plan["ln_f"] = PrepareModuleInput(
             input_layouts=(seq,), desired_input_layouts=(rep,), use_local_output=True
         )
-    parallelize_module(model, mesh, plan)  # type: ignore[arg-type]
+    parallelize_module(model, mesh, plan)
     return model
 
 
