@@ -90,6 +90,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         DPRun(CFG, data, _cfg("fp32"), resume=dcp_dir, tp=3, seed=9, vocab_parallel=True,
               sharded=True),
     )  # fmt: skip
+    fp8_dir = str(tmp / "fp8-dcp")  # FP8's scaling state (amax histories, scales) through DCP
+    fp8 = {"tp": 2, "sharded": True}
+    jobs["dcp-fp8-save"] = (ALL, DPRun(CFG, data, _cfg("fp8"), steps=3, save=fp8_dir, **fp8))
+    jobs["dcp-fp8-same"] = (ALL, DPRun(CFG, data, _cfg("fp8"), resume=fp8_dir, seed=9, **fp8))
     ranks = spawn(dp_layouts_worker, 4, list(jobs.values()), timeout_s=600)
     out = dict(zip(jobs, ranks[0], strict=True))
     out["checkpoint"], out["tp3-checkpoint"] = Path(save), Path(save3)
@@ -174,6 +178,14 @@ def test_a_sharded_dp2_tp2_checkpoint_resumes_at_any_layout(runs: dict[str, Any]
     load_sharded(alone, path)
     assert alone.step == 3
     assert _losses(alone.train()[3:]) == pytest.approx(ref[3:], rel=1e-5)
+
+
+def test_a_sharded_fp8_checkpoint_restores_the_scaling_state(runs: dict[str, Any]) -> None:
+    """FP8 with delayed scaling, dp 2 x tp 2, saved with DCP at step 3 and resumed at the same
+    layout: steps 4 to 6 are the uninterrupted run's bit for bit, so the amax histories and
+    scales (which decide every quantization) came back exactly."""
+    straight = _losses(runs["fsdp-fp8"]["history"])
+    assert _losses(runs["dcp-fp8-same"]["history"][3:]) == straight[3:]
 
 
 def test_bad_layouts_are_refused_with_the_fix() -> None:

@@ -114,7 +114,7 @@ def test_cli_trains_with_bpe_and_resumes_with_the_saved_tokenizer(
     assert (out / "tokenizer.json").stat().st_mtime_ns == stamp  # loaded, not retrained
     rows = json.loads((out / "metrics.json").read_text())
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert main(_cli(out, text_file, 4, "--tokenizer", "bpe", "--resume", "--vocab-size", "512"))
+    assert main(_cli(out, text_file, 4, "--tokenizer", "bpe", "--resume", "--vocab-size", "280"))
     assert "saved a tokenizer of 300 tokens" in capsys.readouterr().err
     assert main(_cli(tmp_path / "b", text_file, 1, "--vocab-size", "512")) == 1
     assert "--vocab-size sets the BPE vocabulary" in capsys.readouterr().err

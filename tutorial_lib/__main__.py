@@ -320,7 +320,8 @@ def _tokenizer(args: argparse.Namespace, preset: RunPreset) -> BPETokenizer | No
     saved = args.out / TOKENIZER_FILE
     if args.resume and saved.exists():
         tokenizer = BPETokenizer.load(saved)
-        if args.vocab_size is not None and args.vocab_size != tokenizer.vocab_size:
+        # (a corpus without enough frequent pairs gives fewer tokens than were asked for)
+        if args.vocab_size is not None and args.vocab_size < tokenizer.vocab_size:
             raise ValueError(
                 f"--vocab-size {args.vocab_size}, but the run being resumed saved a tokenizer "
                 f"of {tokenizer.vocab_size} tokens ({saved}): drop --vocab-size, or start a new "
@@ -336,13 +337,21 @@ def _tokenizer(args: argparse.Namespace, preset: RunPreset) -> BPETokenizer | No
 
 
 def _resume(trainer: Trainer, ckpt: Path, out: Path) -> None:
-    """``ckpt`` (the kind this run writes) if it exists, else the other kind, else nothing."""
+    """The newer of the two kinds of checkpoint in ``out`` (by step; on a tie, ``ckpt``, the
+    kind this run writes); nothing if there is none."""
+    from .checkpoint import load_checkpoint
     from .parallel import dcp
 
     other = out / ("checkpoint.pt" if ckpt.name == dcp.SHARDED_NAME else dcp.SHARDED_NAME)
-    found = next((p for p in (ckpt, other) if p.exists()), None)
-    if found is None:
+    found_all = [p for p in (ckpt, other) if p.exists()]
+    if not found_all:
         return
+
+    def step(path: Path) -> int:
+        state = load_checkpoint(path / dcp.RUN_FILE if path.is_dir() else path)
+        return int(state.get("step", 0))
+
+    found = max(found_all, key=step) if len(found_all) == 2 else found_all[0]
     if found.is_dir():
         dcp.load_sharded(trainer, found)
     else:

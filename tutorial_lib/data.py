@@ -164,10 +164,11 @@ def make_data(
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
     corpus = load_corpus(path, max_bytes=max_bytes)
-    if tokenizer is not None:
-        tokens = tokenize(corpus, tokenizer)
-    else:
-        tokens = torch.from_numpy(np.frombuffer(corpus, dtype=np.uint8).copy())
+    if tokenizer is not None:  # split the text first: validation is the text a tokenizer
+        train_text = train_split_bytes(corpus, val_fraction)  # trained on never saw
+        train, val = tokenize(train_text, tokenizer), tokenize(corpus[len(train_text) :], tokenizer)
+        return TokenData(train, val, block_size=block_size, seed=seed)
+    tokens = torch.from_numpy(np.frombuffer(corpus, dtype=np.uint8).copy())
     n_train = len(tokens) - int(len(tokens) * val_fraction)  # not tokens[:-n_val]: n_val may be 0
     return TokenData(tokens[:n_train], tokens[n_train:], block_size=block_size, seed=seed)
 

@@ -4,7 +4,8 @@
 Byte-pair encoding starts from the 256 byte values and repeatedly merges the most frequent
 adjacent pair into a new token, until the vocabulary has the size asked for (GPT-2: 50,257).
 Byte-level means the base alphabet is the bytes themselves (as GPT-2 does it), so any text
-encodes, nothing is unknown, and decoding gives the bytes back exactly.
+encodes, nothing is unknown, and decoding gives the text back exactly (a corpus's invalid UTF-8
+bytes are read as U+FFFD first).
 
 ``train_bpe(corpus, vocab_size)`` trains one in seconds (the Rust trainer of ``tokenizers``; no
 download: the corpus is on this machine). ``BPETokenizer`` encodes and decodes, and saves and
@@ -71,7 +72,8 @@ class BPETokenizer:
     def decode(self, ids: list[int] | torch.Tensor) -> str:
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
-        return str(self.tokenizer.decode([int(i) for i in ids if int(i) < self.vocab_size]))
+        kept = [int(i) for i in ids if int(i) < self.vocab_size]  # padding rows: never targets
+        return str(self.tokenizer.decode(kept, skip_special_tokens=False))
 
     def save(self, path: str | Path) -> Path:
         """Write ``tokenizer.json`` (a folder gets the file inside it)."""

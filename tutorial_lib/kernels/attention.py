@@ -27,10 +27,11 @@ recomputes ``P = exp(Q K^T / sqrt(D) - L)`` from Q, K and the stored L. With
 
 ``_attn_bwd_dkdv_kernel`` gives each program a key block and loops over the query blocks that
 see it (dK and dV accumulate in registers); ``_attn_bwd_dq_kernel`` gives each program a query
-block and loops over the key blocks it sees. Both recompute P, so the backward reads Q, K, V, O,
-dO and L and never holds more than a (BLOCK_M, BLOCK_N) tile of P. That recompute is the price:
-the backward does the forward's two GEMMs of QK^T again, 2.5x the forward's FLOPs in all
-instead of 2x.
+block and loops over the key blocks it sees. Both recompute P (and dO V^T), so the backward
+reads Q, K, V, O, dO and L and never holds more than a (BLOCK_M, BLOCK_N) tile of P. That is
+the price: 7 tile GEMMs where the forward does 2 (3.5x its FLOPs, against 2x for a backward
+that kept P); FlashAttention-2 computes dQ inside the dK/dV loop with atomic adds instead of a
+second kernel, which saves two of them (5 GEMMs, 2.5x).
 
 Inputs are (B, H, T, D) in float32, float16 or bfloat16 (the GEMMs accumulate in float32; P is
 cast to V's dtype before ``P V``, as FlashAttention does). ``flash_attention`` is differentiable;
@@ -316,6 +317,8 @@ def _dot_precision(q: Tensor) -> str:
 def _blocks(T: int, D: int, block: int | None) -> tuple[int, int]:
     """(BLOCK, BLOCK_D): one square tile size for queries and keys (16 at least: ``tl.dot``'s
     minimum), 64 at most, or ``block``."""
+    if block is not None and (block < 16 or block & (block - 1)):
+        raise ValueError(f"flash_attention: block must be a power of two >= 16, got {block}.")
     size = block or min(64, max(16, next_power_of_2(T)))
     return size, max(16, next_power_of_2(D))
 
@@ -375,8 +378,9 @@ class _FlashAttention(torch.autograd.Function):
     def forward(
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, block: int | None
     ) -> Tensor:
+        q, k, v = (t.contiguous() for t in (q, k, v))  # once: the kernels and the backward
         o, lse = flash_attention_forward(q, k, v, causal, block=block)
-        ctx.save_for_backward(q.contiguous(), k.contiguous(), v.contiguous(), o, lse)
+        ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.block = causal, block
         return o
 

@@ -77,13 +77,15 @@ def _loopback_interface() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def _context() -> Any:
-    """How ``spawn`` starts processes. Without a CUDA GPU: forked from a *forkserver* that has
-    already imported torch and this package, so a rank starts in a fraction of a second instead
-    of the seconds a fresh interpreter spends importing them (on a 2-core CPU, most of a small
-    job's time). With CUDA: fresh interpreters (``spawn``), since a process forked after CUDA
-    was touched cannot use it."""
-    if torch.cuda.is_available() or "forkserver" not in mp.get_all_start_methods():
+def _context(fn: Callable[..., Any]) -> Any:
+    """How ``spawn`` starts processes. Without a CUDA GPU, for this package's own workers: forked
+    from a *forkserver* that has already imported torch and this package, so a rank starts in a
+    fraction of a second instead of the seconds a fresh interpreter spends importing them (on a
+    2-core CPU, most of a small job's time). With CUDA, or for a worker elsewhere (the server's
+    ``sys.path`` is the one it started with): fresh interpreters (``spawn``), since a process
+    forked after CUDA was touched cannot use it."""
+    ours = str(getattr(fn, "__module__", "")).startswith("tutorial_lib.")
+    if not ours or torch.cuda.is_available() or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["tutorial_lib.parallel.workers"])  # imports torch, the package
@@ -169,7 +171,7 @@ def spawn(
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}.")
     _check_picklable(fn)
-    ctx = _context()
+    ctx = _context(fn)
     env, cwd = dict(os.environ), os.getcwd()
     with tempfile.TemporaryDirectory(prefix="tutorial_lib_spawn_") as tmp:
         port = free_port()

@@ -80,6 +80,17 @@ def memory_report(device: torch.device | str) -> MemoryReport:
     return MemoryReport(str(device), allocated, reserved, _peak_rss_bytes())
 
 
+def _storage(t: object) -> Any:
+    """A tensor's untyped storage; None for what is not a tensor or has none (a wrapper
+    subclass, a sparse tensor)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
 class TensorMemoryTracker(TorchDispatchMode):
     """Counts the bytes of every tensor storage an op allocates while the mode is active, and
     frees them when the storage dies (a ``weakref.finalize`` on it: a storage that autograd keeps
@@ -100,16 +111,12 @@ class TensorMemoryTracker(TorchDispatchMode):
         self.live -= self._sizes.pop(key, 0)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        inputs = {_storage(t).data_ptr() for t in tree_flatten((args, kwargs))[0] if _storage(t)}
         out = func(*args, **(kwargs or {}))
-        inputs = {
-            t.untyped_storage().data_ptr()
-            for t in tree_flatten((args, kwargs))[0]
-            if isinstance(t, torch.Tensor)
-        }
         for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
+            storage = _storage(t)
+            if storage is None:
                 continue
-            storage = t.untyped_storage()
             key = storage.data_ptr()
             if key in inputs or key in self._sizes or storage.nbytes() == 0:
                 continue  # a view or an in-place result, or already counted

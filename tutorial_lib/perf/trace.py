@@ -45,10 +45,13 @@ __all__ = [
 ]
 
 PHASES = ("forward", "backward", "optimizer")
-_COMM = (
-    "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "reducescatter",
-    "broadcast", "nccl",
-)  # fmt: skip
+
+
+def _is_collective(name: str) -> bool:
+    """A collective: a c10d operator (``c10d::allreduce_``), gloo's own ranges, NCCL kernels;
+    not ``aten::broadcast_tensors`` and the like."""
+    lower = name.lower()
+    return lower.startswith("c10d::") or "gloo" in lower or "nccl" in lower
 
 
 @contextlib.contextmanager
@@ -178,15 +181,17 @@ def device_work(events: Sequence[TraceEvent]) -> tuple[list[TraceEvent], str]:
 
 
 def trace_summary(events: Sequence[TraceEvent]) -> dict[str, Any]:
-    """What the timeline says (module docstring); times in microseconds."""
-    marks = [e for e in events if e.cat == "user_annotation" and e.name in PHASES]
-    if marks:
-        lo, hi = min(e.ts for e in marks), max(e.end for e in marks)
-    elif events:
-        lo, hi = min(e.ts for e in events), max(e.end for e in events)
-    else:
+    """What the timeline says (module docstring); times in microseconds. On a GPU the phases
+    are the device-side ranges (``gpu_user_annotation``) where the trace has them, and the
+    window reaches the last kernel: the host runs ahead of the GPU."""
+    if not events:
         raise ValueError("The trace holds no complete events: was anything profiled?")
     work, kind = device_work(events)
+    gpu_marks = [e for e in events if e.cat == "gpu_user_annotation" and e.name in PHASES]
+    host_marks = [e for e in events if e.cat == "user_annotation" and e.name in PHASES]
+    marks = gpu_marks if kind == "kernels" and gpu_marks else host_marks
+    spans = marks + (work if kind == "kernels" else [])
+    lo, hi = min(e.ts for e in (spans or events)), max(e.end for e in (spans or events))
     busy = _union(_clip([(e.ts, e.end) for e in work], lo, hi))
     phases = {}
     for name in PHASES:
@@ -197,8 +202,8 @@ def trace_summary(events: Sequence[TraceEvent]) -> dict[str, Any]:
                 "busy_us": sum(_length(_clip(busy, s, t)) for s, t in spans),
             }
     comm_cat = "kernel" if kind == "kernels" else "cpu_op"  # NCCL kernels, or gloo's ops
-    comm = [e for e in events if e.cat == comm_cat and any(c in e.name.lower() for c in _COMM)]
-    comm_spans = _union([(e.ts, e.end) for e in comm])
+    comm = [e for e in events if e.cat == comm_cat and _is_collective(e.name)]
+    comm_spans = _union(_clip([(e.ts, e.end) for e in comm], lo, hi))
     own: dict[Any, list[tuple[float, float]]] = {}  # per thread (or stream): its collectives
     for e in comm:
         own.setdefault((e.pid, e.tid), []).append((e.ts, e.end))
