@@ -190,8 +190,8 @@ def trace_summary(events: Sequence[TraceEvent]) -> dict[str, Any]:
     gpu_marks = [e for e in events if e.cat == "gpu_user_annotation" and e.name in PHASES]
     host_marks = [e for e in events if e.cat == "user_annotation" and e.name in PHASES]
     marks = gpu_marks if kind == "kernels" and gpu_marks else host_marks
-    spans = marks + (work if kind == "kernels" else [])
-    lo, hi = min(e.ts for e in (spans or events)), max(e.end for e in (spans or events))
+    bounds = marks + (work if kind == "kernels" else []) or list(events)
+    lo, hi = min(e.ts for e in bounds), max(e.end for e in bounds)
     busy = _union(_clip([(e.ts, e.end) for e in work], lo, hi))
     phases = {}
     for name in PHASES:
