@@ -9,6 +9,7 @@ import torch
 
 from tutorial_lib import config
 from tutorial_lib.config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
+from tutorial_lib.model import GPT
 
 # ---- named sizes ---------------------------------------------------------------------------
 
@@ -86,7 +87,8 @@ def test_preset_model_config_is_its_named_size_with_its_overrides(name: str) -> 
     base = dataclasses.asdict(MODEL_SIZES[preset.model])
     assert set(preset.model_overrides) <= set(base), preset.model_overrides
     cfg = preset.model_config()
-    assert dataclasses.asdict(cfg) == {**base, **preset.model_overrides}
+    expected = {**base, "vocab_size": preset.vocab_size, **preset.model_overrides}
+    assert dataclasses.asdict(cfg) == expected
     assert GPTConfig(**dataclasses.asdict(cfg)) == cfg  # validation passes on the result
 
 
@@ -169,32 +171,43 @@ def test_preset_fields_are_sane(name: str) -> None:
     assert preset.tokens_per_step == preset.batch_size * preset.grad_accum * cfg.block_size
 
 
-def test_both_presets_train_on_bytes() -> None:
-    # The notebooks tokenize with ByteTokenizer, so both presets must have a 256-token vocab.
-    for preset in PRESETS.values():
-        assert preset.model_config().vocab_size == 256, preset.name
-
-
-def test_preset_model_config_applies_preset_overrides() -> None:
-    hopper = get_preset("hopper")
+def test_preset_vocabularies_follow_their_tokenizers() -> None:
+    # ci trains on bytes (256 rows); hopper is GPT-2 124M: a BPE of GPT-2's 50,257 tokens
+    # padded to 50,304 rows, about 124M parameters with the tied embedding.
+    ci, hopper = get_preset("ci"), get_preset("hopper")
+    assert (ci.tokenizer, ci.model_config().vocab_size) == ("bytes", 256)
+    assert (hopper.tokenizer, hopper.bpe_vocab) == ("bpe", 50257)
     cfg = hopper.model_config()
     base = MODEL_SIZES["gpt2-124m"]
-    assert cfg.vocab_size == 256 != base.vocab_size
+    assert cfg.vocab_size == 50304 and cfg.vocab_size % 64 == 0
     assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size) == (
         base.n_layer,
         base.n_head,
         base.n_embd,
         base.block_size,
     )
+    # 12 blocks of 12h^2 + 13h, the tied 50,304 x 768 embedding, 1024 positions, final LN
+    h, L = cfg.n_embd, cfg.n_layer
+    expected = L * (12 * h * h + 13 * h) + 50304 * h + 1024 * h + 2 * h
+    assert GPT(cfg).num_params() == expected
+    assert 123e6 < expected < 126e6
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [({"tokenizer": "words"}, "'bytes' or 'bpe'"), ({"bpe_vocab": 257}, "258 or more")],
+)
+def test_preset_rejects_a_bad_tokenizer(changes: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        dataclasses.replace(PRESETS["ci"], **changes)
 
 
 def test_preset_model_config_call_overrides_win() -> None:
     hopper = get_preset("hopper")
     cfg = hopper.model_config(vocab_size=97, n_layer=2)
     assert (cfg.vocab_size, cfg.n_layer) == (97, 2)
-    # The preset's own overrides are untouched.
-    assert hopper.model_overrides == {"vocab_size": 256}
-    assert hopper.model_config().vocab_size == 256
+    # The preset itself is untouched.
+    assert hopper.model_config().vocab_size == 50304
     ci_cfg = get_preset("ci").model_config(block_size=37)
     assert ci_cfg.block_size == 37 and ci_cfg.n_embd == MODEL_SIZES["tiny"].n_embd
 

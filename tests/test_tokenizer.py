@@ -3,6 +3,7 @@ lossless on any text, saved as JSON and reloaded; the data and the command line 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -11,8 +12,17 @@ import pytest
 import torch
 
 from tutorial_lib.__main__ import main
-from tutorial_lib.data import load_corpus, make_data, train_split_bytes
+from tutorial_lib.config import PRESETS
+from tutorial_lib.data import (
+    ByteTokenizer,
+    load_corpus,
+    make_data,
+    preset_data,
+    preset_tokenizer,
+    train_split_bytes,
+)
 from tutorial_lib.tokenizer import (
+    ROWS_FILE,
     BPETokenizer,
     bits_per_byte,
     pad_vocab,
@@ -105,7 +115,7 @@ def test_cli_trains_with_bpe_and_resumes_with_the_saved_tokenizer(
     out = tmp_path / "bpe"
     assert main(_cli(out, text_file, 2, "--tokenizer", "bpe", "--vocab-size", "300")) == 0
     first = capsys.readouterr().out
-    assert "byte-level BPE, 300 tokens" in first
+    assert "byte-level BPE, 300 tokens (300 asked; the model gets 320 rows)" in first
     saved = BPETokenizer.load(out)
     assert saved.vocab_size == 300
     stamp = (out / "tokenizer.json").stat().st_mtime_ns
@@ -115,6 +125,56 @@ def test_cli_trains_with_bpe_and_resumes_with_the_saved_tokenizer(
     rows = json.loads((out / "metrics.json").read_text())
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert main(_cli(out, text_file, 4, "--tokenizer", "bpe", "--resume", "--vocab-size", "280"))
-    assert "saved a tokenizer of 300 tokens" in capsys.readouterr().err
+    assert "saved a tokenizer asked for 300 tokens" in capsys.readouterr().err
     assert main(_cli(tmp_path / "b", text_file, 1, "--vocab-size", "512")) == 1
     assert "--vocab-size sets the BPE vocabulary" in capsys.readouterr().err
+
+
+def test_rows_stay_those_asked_for_when_the_corpus_has_fewer_pairs(tmp_path: Path) -> None:
+    # 2,000 bytes of one repeated line cannot supply 1,000 merges at min_frequency 2
+    small = train_bpe(b"def f(x):\n    return x + 1\n" * 80, 1000)
+    assert small.vocab_size < 1000 and small.asked == 1000
+    assert small.padded_vocab_size == 1024  # the rows asked for, so the model keeps its shape
+    small.save(tmp_path)
+    again = BPETokenizer.load(tmp_path)
+    assert (again.asked, again.padded_vocab_size) == (1000, 1024)
+    (tmp_path / ROWS_FILE).write_text('{"rows": 3}')
+    with pytest.raises(ValueError, match="asked"):
+        BPETokenizer.load(tmp_path)
+    (tmp_path / ROWS_FILE).unlink()  # without the file: the tokenizer's own size, padded
+    assert BPETokenizer.load(tmp_path).padded_vocab_size == pad_vocab(small.vocab_size)
+
+
+def test_preset_tokenizer_and_data_follow_the_preset(text_file: Path) -> None:
+    ci = PRESETS["ci"]
+    assert isinstance(preset_tokenizer(ci), ByteTokenizer)
+    assert isinstance(preset_tokenizer("ci"), ByteTokenizer)
+    byte_data = preset_data(ci, path=text_file)
+    assert byte_data.block_size == ci.model_config().block_size
+    assert byte_data.train.dtype == torch.uint8
+
+    bpe_preset = dataclasses.replace(ci, tokenizer="bpe", bpe_vocab=300)
+    tok = preset_tokenizer(bpe_preset, path=text_file)
+    assert isinstance(tok, BPETokenizer) and tok.vocab_size <= 300
+    assert preset_tokenizer(bpe_preset, path=text_file) is tok  # trained once per process
+    data = preset_data(bpe_preset, seed=3, path=text_file, block_size=16)
+    assert data.block_size == 16 and data.seed == 3
+    ids = torch.cat([data.train, data.val]).long()
+    assert int(ids.max()) < tok.vocab_size <= bpe_preset.vocab_size == 320
+    text = text_file.read_bytes()
+    assert tok.decode(data.train[:50]) in text.decode("utf-8", errors="replace")
+
+
+def test_run_training_refuses_a_vocabulary_smaller_than_the_preset_tokenizer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tutorial_lib import config
+    from tutorial_lib.config import GPTConfig
+    from tutorial_lib.train import TrainConfig, run_training
+
+    bpe_preset = dataclasses.replace(PRESETS["ci"], tokenizer="bpe", bpe_vocab=2000)
+    monkeypatch.setitem(config.PRESETS, "ci", bpe_preset)
+    monkeypatch.setenv("TUTORIAL_PRESET", "ci")
+    cfg = GPTConfig(vocab_size=1024, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    with pytest.raises(ValueError, match="smaller than the 'ci' preset's tokenizer"):
+        run_training(cfg, TrainConfig(steps=1, batch_size=2, progress=False))

@@ -19,7 +19,15 @@ if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
 from . import tokenizer
 from .build import ModelRecipe, build_model
 from .config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
-from .data import ByteTokenizer, TokenData, load_corpus, make_data, synthetic_batch
+from .data import (
+    ByteTokenizer,
+    TokenData,
+    load_corpus,
+    make_data,
+    preset_data,
+    preset_tokenizer,
+    synthetic_batch,
+)
 from .hardware import SPECS, DeviceInfo, DeviceSpec, describe_device
 from .model import GPT
 from .notebook import ChapterSetup, setup_chapter
@@ -40,6 +48,8 @@ __all__ = [
     "TokenData",
     "load_corpus",
     "make_data",
+    "preset_data",
+    "preset_tokenizer",
     "synthetic_batch",
     "SPECS",
     "DeviceSpec",

@@ -220,7 +220,7 @@ def _train(args: argparse.Namespace) -> int:
     from .train import TrainConfig, Trainer
 
     preset = get_preset(args.preset)
-    # The corpus is bytes, so a named size always trains with a 256-symbol vocabulary.
+    # A named size gets its vocabulary from the tokenizer below (bytes: 256 rows).
     model_cfg = (
         preset.model_config()
         if args.model is None
@@ -238,8 +238,10 @@ def _train(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     tokenizer = _tokenizer(args, preset)
-    if tokenizer is not None:
+    if tokenizer is not None:  # the rows asked for, whatever the corpus let it learn
         model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.padded_vocab_size)
+    elif model_cfg.vocab_size != 256:  # a BPE preset trained --tokenizer bytes
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=256)
     data = make_data(model_cfg.block_size, path=args.data, seed=args.seed, tokenizer=tokenizer)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.dp is None:  # torchrun with N processes: data parallelism over what --tp leaves
@@ -321,18 +323,22 @@ def _tokenizer(args: argparse.Namespace, preset: RunPreset) -> BPETokenizer | No
     if args.resume and saved.exists():
         tokenizer = BPETokenizer.load(saved)
         # (a corpus without enough frequent pairs gives fewer tokens than were asked for)
-        if args.vocab_size is not None and args.vocab_size < tokenizer.vocab_size:
+        asked = tokenizer.asked or tokenizer.vocab_size
+        if args.vocab_size is not None and args.vocab_size != asked:
             raise ValueError(
                 f"--vocab-size {args.vocab_size}, but the run being resumed saved a tokenizer "
-                f"of {tokenizer.vocab_size} tokens ({saved}): drop --vocab-size, or start a new "
-                "run in another --out."
+                f"asked for {asked} tokens ({saved}): drop --vocab-size, or start a new run in "
+                "another --out."
             )
         return tokenizer
     vocab = args.vocab_size or preset.bpe_vocab
     tokenizer = train_bpe(train_split_bytes(load_corpus(args.data)), vocab)
     if int(os.environ.get("RANK", "0")) == 0:
         tokenizer.save(saved)
-        print(f"tokenizer: byte-level BPE, {tokenizer.vocab_size} tokens, saved as {saved}")
+        print(
+            f"tokenizer: byte-level BPE, {tokenizer.vocab_size} tokens ({vocab} asked; the "
+            f"model gets {tokenizer.padded_vocab_size} rows), saved as {saved}"
+        )
     return tokenizer
 
 

@@ -101,8 +101,8 @@ def _nearest_divisor(n: int, near: int) -> int:
     return min(divisors, key=lambda d: (abs(d - near), d))
 
 
-# GPT-2 sizes follow Radford et al. (2019) with GPT-2's 50257-token vocabulary; the book trains
-# them on bytes, so `vocab_size` is set to 256 by the presets when needed.
+# GPT-2 sizes follow Radford et al. (2019) with GPT-2's 50257-token vocabulary; a preset sets
+# `vocab_size` from its tokenizer (RunPreset.vocab_size: 256 bytes, or a padded BPE).
 MODEL_SIZES: dict[str, GPTConfig] = {
     # CI-sized: 0.84M parameters, ~0.2-0.3 s per FP32 training step on 2 CPU cores.
     "tiny": GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
@@ -140,10 +140,12 @@ class RunPreset:
         ladder_steps: steps per rung of chapter 8's ablation ladder (batch parity_batch_size).
         recipe_steps: steps per run of chapter 6's FP8 recipe comparison (seven runs, BF16 and
             six recipes; batch parity_batch_size).
-    sample_tokens: how many bytes ``generate`` writes in the sampling demos.
-    tokenizer: what ``train`` on the command line tokenizes with by default: ``"bytes"`` (256
-        symbols) or ``"bpe"`` (``tokenizer.train_bpe``, ``bpe_vocab`` tokens, the model's
-        vocabulary padded to a multiple of 64).
+    sample_tokens: how many tokens ``generate`` writes in the sampling demos.
+    tokenizer: what the notebooks (``data.preset_data``) and ``train`` on the command line
+        tokenize with: ``"bytes"`` (256 symbols) or ``"bpe"`` (``tokenizer.train_bpe`` asked for
+        ``bpe_vocab`` tokens). ``vocab_size`` is the model's rows: 256, or ``bpe_vocab`` padded
+        to a multiple of 64 (GPT-2's 50,257 becomes 50,304), whatever the corpus let the
+        tokenizer learn (rows past its vocabulary are never a target).
     """
 
     name: str
@@ -169,8 +171,30 @@ class RunPreset:
     tokenizer: str = "bytes"
     bpe_vocab: int = 1024
 
+    def __post_init__(self) -> None:
+        if self.tokenizer not in ("bytes", "bpe"):
+            raise ValueError(
+                f"RunPreset {self.name!r}: tokenizer={self.tokenizer!r}; use 'bytes' or 'bpe'."
+            )
+        if self.bpe_vocab < 258:  # the 256 bytes and the end-of-text token, then merges
+            raise ValueError(
+                f"RunPreset {self.name!r}: bpe_vocab={self.bpe_vocab} leaves no room for merges "
+                "after the 256 bytes and the end-of-text token; ask for 258 or more."
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary rows under this preset's tokenizer."""
+        if self.tokenizer == "bytes":
+            return 256
+        return -(-self.bpe_vocab // 64) * 64  # tokenizer.pad_vocab, without importing it
+
     def model_config(self, **overrides: Unpack[GPTConfigOverrides]) -> GPTConfig:
-        merged: GPTConfigOverrides = {**self.model_overrides, **overrides}
+        merged: GPTConfigOverrides = {
+            "vocab_size": self.vocab_size,
+            **self.model_overrides,
+            **overrides,
+        }
         return GPTConfig.from_name(self.model, **merged)
 
     @property
@@ -209,16 +233,16 @@ PRESETS: dict[str, RunPreset] = {
         recipe_steps=10,
         sample_tokens=120,
     ),
-    # One H100/H200: GPT-2 small's 12 layers x 768 width with a 256-byte vocabulary: about 86M
-    # parameters (not 124M; the LM head and loss are a negligible cost), 16K tokens per step.
-    # Sized so that `make hopper-check` (every notebook and benchmark) fits about 8 minutes on one
-    # H200: an FP32 step is about 10 TFLOP, ~0.3 s at FP32's 67 TFLOP/s, and FP32 runs in
-    # chapters 1-4 and in the ladder dominate. An estimate from the datasheet until issue 9's run
-    # measures it.
+    # One H100/H200: GPT-2 124M, its 12 layers x 768 width and a BPE vocabulary of GPT-2's size
+    # (50,257 tokens asked, 50,304 rows): 124.5M parameters with the tied embedding, 16K tokens
+    # per step, so the LM head and the loss cost what they cost in GPT-2. Sized so that
+    # `make hopper-check` (every notebook and benchmark) fits its budget on one H200: an FP32
+    # step is about 14 TFLOP (6N + attention per token), ~0.2 s at FP32's 67 TFLOP/s, and FP32
+    # runs in chapters 1-4 and in the ladder dominate. An estimate from the datasheet until a
+    # hopper-check run measures it.
     "hopper": RunPreset(
         name="hopper",
         model="gpt2-124m",
-        model_overrides={"vocab_size": 256},
         batch_size=16,
         steps=150,
         eval_every=50,
@@ -237,6 +261,7 @@ PRESETS: dict[str, RunPreset] = {
         ladder_steps=100,
         recipe_steps=100,
         sample_tokens=300,
+        tokenizer="bpe",
         bpe_vocab=50257,  # GPT-2's, padded to 50,304 rows in the model
     ),
 }

@@ -3,19 +3,28 @@
 The default corpus is the Python standard library's own ``.py`` sources on this machine: several
 MB of real, structured text that every Python install has. Files are read in sorted order, so
 the corpus (and every batch drawn from it with a given seed) is the same on every run.
+
+``make_data`` tokenizes it with bytes or a given BPE tokenizer. ``preset_data(preset)`` is what
+the notebooks use: the tokenizer the preset names (``preset_tokenizer``: bytes at ``ci``, a BPE
+of GPT-2's size trained on the corpus at ``hopper``), at the preset model's context length.
 """
 
 from __future__ import annotations
 
+import functools
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from .tokenizer import BPETokenizer, tokenize
+from .tokenizer import BPETokenizer, tokenize, train_bpe
+
+if TYPE_CHECKING:
+    from .config import RunPreset
 
 __all__ = [
     "ByteTokenizer",
@@ -23,6 +32,8 @@ __all__ = [
     "load_corpus",
     "TokenData",
     "make_data",
+    "preset_data",
+    "preset_tokenizer",
     "train_split_bytes",
     "synthetic_batch",
 ]
@@ -177,6 +188,51 @@ def train_split_bytes(corpus: bytes, val_fraction: float = 0.1) -> bytes:
     """The part of ``corpus`` that ``make_data`` trains on (the rest is validation): what a
     tokenizer should be trained on, so validation text stays unseen."""
     return corpus[: len(corpus) - int(len(corpus) * val_fraction)]
+
+
+@functools.lru_cache(maxsize=4)
+def _trained_bpe(path: str | None, max_bytes: int | None, vocab: int) -> BPETokenizer:
+    return train_bpe(train_split_bytes(load_corpus(path, max_bytes=max_bytes)), vocab)
+
+
+def preset_tokenizer(
+    preset: RunPreset | str | None = None,
+    path: str | Path | None = None,
+    max_bytes: int | None = 8_000_000,
+) -> ByteTokenizer | BPETokenizer:
+    """The tokenizer ``preset`` (a ``RunPreset``, its name, or None for ``get_preset()``) trains
+    with: ``ByteTokenizer``, or a BPE of ``preset.bpe_vocab`` tokens trained on the training
+    split of the corpus (``load_corpus(path, max_bytes)``), once per process: later calls with
+    the same arguments return the same tokenizer."""
+    from .config import get_preset
+
+    preset = preset if preset is not None and not isinstance(preset, str) else get_preset(preset)
+    if preset.tokenizer == "bytes":
+        return ByteTokenizer()
+    where = None if path is None else str(Path(path).expanduser().resolve())
+    return _trained_bpe(where, max_bytes, preset.bpe_vocab)
+
+
+def preset_data(
+    preset: RunPreset | str | None = None,
+    seed: int = 0,
+    path: str | Path | None = None,
+    max_bytes: int | None = 8_000_000,
+    block_size: int | None = None,
+) -> TokenData:
+    """``make_data`` with the preset's tokenizer (``preset_tokenizer``) at its model's context
+    length (or ``block_size``): the data a notebook trains on, at either preset."""
+    from .config import get_preset
+
+    preset = preset if preset is not None and not isinstance(preset, str) else get_preset(preset)
+    tok = preset_tokenizer(preset, path, max_bytes)
+    return make_data(
+        block_size or preset.model_config().block_size,
+        path,
+        seed=seed,
+        max_bytes=max_bytes,
+        tokenizer=tok if isinstance(tok, BPETokenizer) else None,
+    )
 
 
 def synthetic_batch(

@@ -10,14 +10,17 @@ bytes are read as U+FFFD first).
 ``train_bpe(corpus, vocab_size)`` trains one in seconds (the Rust trainer of ``tokenizers``; no
 download: the corpus is on this machine). ``BPETokenizer`` encodes and decodes, and saves and
 loads itself as ``tokenizer.json``: plain JSON, nothing to unpickle. Its ``padded_vocab_size`` is
-the vocabulary rounded up to a multiple of 64, the size the embedding and the LM head get
-(GPT-2's 50,257 becomes 50,304, which tiles the GEMMs evenly; the extra rows are never a
-target). ``tokenize(corpus, tokenizer)`` turns the corpus into token ids; ``bits_per_byte``
+the vocabulary asked for rounded up to a multiple of 64, the size the embedding and the LM head
+get (GPT-2's 50,257 becomes 50,304, which tiles the GEMMs evenly; the extra rows are never a
+target). A corpus can hold fewer frequent pairs than asked for (the standard library gives about
+30,000 tokens of the 50,257); the rows stay those asked for, so the model keeps its shape, and
+``tokenizer.rows.json`` beside the tokenizer keeps that number for a resumed run. ``tokenize(corpus, tokenizer)`` turns the corpus into token ids; ``bits_per_byte``
 makes losses comparable across tokenizers.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ import torch
 __all__ = [
     "BPETokenizer",
     "END_OF_TEXT",
+    "ROWS_FILE",
     "TOKENIZER_FILE",
     "bits_per_byte",
     "pad_vocab",
@@ -37,6 +41,7 @@ __all__ = [
 
 END_OF_TEXT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
+ROWS_FILE = "tokenizer.rows.json"  # {"asked": the vocabulary train_bpe was asked for}
 _CHUNK = 1 << 16  # bytes per training text chunk
 
 
@@ -52,9 +57,10 @@ class BPETokenizer:
 
     name = "bpe"
 
-    def __init__(self, tokenizer: Any, pad_multiple: int = 64) -> None:
+    def __init__(self, tokenizer: Any, pad_multiple: int = 64, asked: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.pad_multiple = pad_multiple
+        self.asked = asked  # the vocabulary train_bpe was asked for (None: vocab_size)
 
     @property
     def vocab_size(self) -> int:
@@ -63,8 +69,9 @@ class BPETokenizer:
 
     @property
     def padded_vocab_size(self) -> int:
-        """The embedding's and LM head's rows: ``vocab_size`` rounded up to ``pad_multiple``."""
-        return pad_vocab(self.vocab_size, self.pad_multiple)
+        """The embedding's and LM head's rows: the vocabulary asked for (at least ``vocab_size``)
+        rounded up to ``pad_multiple``."""
+        return pad_vocab(max(self.vocab_size, self.asked or 0), self.pad_multiple)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text).ids)
@@ -81,6 +88,11 @@ class BPETokenizer:
         if path.suffix != ".json":
             path = path / TOKENIZER_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
+        if self.asked is not None:  # first: a tokenizer.json on disk always has its rows
+            rows = path.with_name(ROWS_FILE)
+            tmp = rows.with_name(rows.name + ".tmp")
+            tmp.write_text(json.dumps({"asked": self.asked}))
+            tmp.replace(rows)
         tmp = path.with_name(path.name + ".tmp")
         self.tokenizer.save(str(tmp))
         tmp.replace(path)  # atomically: a crash never leaves half a tokenizer
@@ -100,9 +112,20 @@ class BPETokenizer:
                 "use --tokenizer bytes."
             )
         try:
-            return cls(Tokenizer.from_file(str(path)))
+            tokenizer = Tokenizer.from_file(str(path))
         except Exception as err:  # tokenizers raises its own Exception subclass
             raise ValueError(f"{path} is not a tokenizers JSON file: {err}") from None
+        rows = path.with_name(ROWS_FILE)
+        asked = None
+        if rows.is_file():
+            try:
+                asked = int(json.loads(rows.read_text())["asked"])
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(
+                    f'{rows} should be {{"asked": <vocabulary>}} ({err!r}); delete it to use '
+                    "the tokenizer's own size."
+                ) from None
+        return cls(tokenizer, asked=asked)
 
 
 def train_bpe(corpus: bytes, vocab_size: int, min_frequency: int = 2) -> BPETokenizer:
@@ -128,7 +151,7 @@ def train_bpe(corpus: bytes, vocab_size: int, min_frequency: int = 2) -> BPEToke
     text = corpus.decode("utf-8", errors="replace")
     chunks = (text[i : i + _CHUNK] for i in range(0, len(text), _CHUNK))
     tok.train_from_iterator(chunks, trainer=trainer, length=math.ceil(len(text) / _CHUNK))
-    return BPETokenizer(tok)
+    return BPETokenizer(tok, asked=vocab_size)
 
 
 def tokenize(corpus: bytes, tokenizer: BPETokenizer) -> torch.Tensor:

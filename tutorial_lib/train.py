@@ -30,8 +30,8 @@ from .checkpoint import (
     model_state_dict,
     save_checkpoint,
 )
-from .config import GPTConfig, RunPreset
-from .data import TokenData, make_data
+from .config import GPTConfig, RunPreset, get_preset
+from .data import TokenData, make_data, preset_data
 from .hardware import describe_device
 from .model import GPT
 from .perf import mfu, peak_memory_bytes, phase, reset_peak_memory, synchronize
@@ -507,17 +507,30 @@ def run_training(
     seed: int = 0,
     data_seed: int = 0,
     on_step: StepCallback | None = None,
+    data: TokenData | None = None,
 ) -> Trainer:
     """Build a model and train it: the run every chapter compares with another.
 
     The model is ``build_model(cfg, precision=train_cfg.precision, fused=..., compile=...,
-    seed=seed)`` and the data ``make_data(cfg.block_size, seed=data_seed)``, so two runs that
-    differ in one setting start from the same weights and see the same batches. Returns the
-    ``Trainer`` after ``train_cfg.steps`` steps: ``.history`` holds the metrics, ``.model`` the
-    trained model."""
+    seed=seed)``; the data is ``data``, else bytes (``make_data(cfg.block_size,
+    seed=data_seed)``) for a 256-row vocabulary and the active preset's tokenizer
+    (``preset_data``) for a larger one. Two runs that differ in one setting start from the same
+    weights and see the same batches. Returns the ``Trainer`` after ``train_cfg.steps`` steps:
+    ``.history`` holds the metrics, ``.model`` the trained model."""
+    if data is None:
+        if cfg.vocab_size == 256:
+            data = make_data(cfg.block_size, seed=data_seed)
+        elif (preset := get_preset()).vocab_size <= cfg.vocab_size:
+            data = preset_data(preset, seed=data_seed, block_size=cfg.block_size)
+        else:
+            raise ValueError(
+                f"run_training: a {cfg.vocab_size}-row vocabulary is smaller than the "
+                f"{preset.name!r} preset's tokenizer ({preset.vocab_size} rows). Pass data= "
+                "tokenized to fit, or a config with vocab_size=256 (bytes)."
+            )
     model = build_model(
         cfg, precision=train_cfg.precision, fused=fused, compile=compile, device=device, seed=seed
     )
-    trainer = Trainer(model, make_data(cfg.block_size, seed=data_seed), train_cfg, device=device)
+    trainer = Trainer(model, data, train_cfg, device=device)
     trainer.train(on_step=on_step)
     return trainer

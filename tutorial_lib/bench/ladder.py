@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from ..build import build_model
 from ..config import RunPreset
-from ..data import TokenData, make_data
+from ..data import TokenData, preset_data
 from ..hardware import default_device, describe_device
 from ..kernels.compile import GraphBreaks, count_graph_breaks
 from ..precision import get_policy
@@ -298,7 +298,7 @@ def run_ladder(
     lr = lr or min(preset.lr, LADDER_MAX_LR)
     warmup = min(max(1, preset.bench_warmup), steps - 1) if steps > 1 else 0
     cfg = preset.model_config()
-    data = data or make_data(cfg.block_size, seed=seed)
+    data = data or preset_data(preset, seed=seed, block_size=cfg.block_size)
     start = data.state_dict()
     rows = []
     bar = tqdm(rungs, desc="ladder", unit="rung", disable=not progress, dynamic_ncols=True)
