@@ -234,3 +234,18 @@ def te_source() -> Callable[[str, str], str]:
         return file.read_text(encoding="utf-8")
 
     return read
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print what tests reported with ``record_property("report", text)`` (results a reader
+    wants to see, such as the cost model's held-out error); works under xdist too."""
+    lines = [
+        value
+        for report in terminalreporter.stats.get("passed", [])
+        for name, value in getattr(report, "user_properties", [])
+        if name == "report"
+    ]
+    if lines:
+        terminalreporter.section("reported results")
+        for line in lines:
+            terminalreporter.write_line(str(line))

@@ -46,6 +46,7 @@ TOY = ClusterSpec(
     scaleout_bandwidth=10.0,
     collective_efficiency=1.0,
     collective_latency=0.0,
+    step_latency=0.0,
 )
 SMALL = ModelSpec(layers=8, hidden=64, heads=8, vocab=100, seq=16)
 

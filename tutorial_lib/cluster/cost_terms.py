@@ -21,8 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..flops import training_flops_per_token
+from .collectives import best_allreduce
+from .gemm_model import GemmModel, gemm_compute_time
 from .specs import RECOMPUTE, ClusterSpec, ModelSpec, ParallelConfig, check_config
-from .tp_traffic import ring_allreduce_bytes, tp_layer_comm_bytes
+from .tp_traffic import tp_layer_comm_bytes
 
 __all__ = [
     "ACT_BYTES",
@@ -124,21 +126,43 @@ def stage_params(model: ModelSpec, par: ParallelConfig) -> float:
 
 def dp_allreduce_time(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> float:
     """Seconds for the gradient all-reduce of one GPU's shard, S = params/(t p) x grad_bytes.
-    Narayanan's ring gives 2 S (d-1)/d per rank. Placed hierarchically: the k = min(d, domain/t)
-    ranks of a DP group that share a domain reduce-scatter and all-gather over NVLink, and each
-    of them all-reduces its S/k across the d/k domains on its own NIC. So a DP group spanning
-    whole DGX nodes sees 8 NICs' worth of bandwidth, as nccl-tests does (issue #119)."""
+    Placed hierarchically: the k = min(d, domain/t) ranks of a DP group that share a domain
+    all-reduce over NVLink (a ring, or NVLink SHARP where the switch has it), and each of them
+    all-reduces its S/k across the d/k domains on its own NIC (a ring or a tree, whichever is
+    faster: ``cluster.collectives``). So a DP group spanning whole DGX nodes sees 8 NICs' worth
+    of bandwidth, as nccl-tests does (issue #119)."""
     d = par.dp
     if d == 1:
         return 0.0
     nbytes = stage_params(model, par) * par.grad_bytes
     k = min(d, cluster.domain_size // par.tp)
-    eff, lat = cluster.collective_efficiency, cluster.collective_latency
-    time = ring_allreduce_bytes(nbytes, k) / (eff * cluster.nvlink_bandwidth) + lat * (k > 1)
+    time = _domain_allreduce(nbytes, k, cluster) if k > 1 else 0.0
     domains = round(d / k)
     if domains > 1:
-        time += ring_allreduce_bytes(nbytes / k, domains) / (eff * cluster.scaleout_bandwidth) + lat
+        time += best_allreduce(
+            nbytes / k,
+            domains,
+            cluster.scaleout_bandwidth,
+            cluster.collective_efficiency,
+            ("ring", "tree"),
+            cluster.collective_latency,
+            cluster.step_latency,
+        )[1]
     return time
+
+
+def _domain_allreduce(nbytes: float, ranks: int, cluster: ClusterSpec) -> float:
+    """An all-reduce inside one scale-up domain: a ring, or NVLS where the switch reduces."""
+    algorithms = ("ring", "nvls") if cluster.in_switch_reduction else ("ring",)
+    return best_allreduce(
+        nbytes,
+        ranks,
+        cluster.nvlink_bandwidth,
+        cluster.collective_efficiency,
+        algorithms,
+        cluster.collective_latency,
+        nvls_efficiency=cluster.nvls_efficiency,
+    )[1]
 
 
 def activation_parts(model: ModelSpec, b: int, tp: int, sp: bool) -> tuple[float, float]:
@@ -180,15 +204,20 @@ def layers_in_flight(model: ModelSpec, par: ParallelConfig) -> float:
 
 
 def tp_layer_time(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> float:
-    """Seconds of TP communication per layer and micro-batch on one GPU: the bytes of
-    ``tp_comm_bytes_per_layer`` over NVLink at ``collective_efficiency``, plus the latency of its
-    4 all-reduces (6 with full recomputation; twice as many collectives with sequence
-    parallelism). 0 at ``tp=1``."""
+    """Seconds of TP communication per layer and micro-batch on one GPU: 4 all-reduces of the
+    b s h activations (6 with full recomputation) inside the domain, each a ring or NVLink SHARP
+    (``_domain_allreduce``); with sequence parallelism twice as many collectives,
+    reduce-scatters and all-gathers of the same bytes on rings (NVLS does not speed them up).
+    Together: ``tp_comm_bytes_per_layer`` over NVLink at ``collective_efficiency`` plus the
+    latencies, when no switch reduces. 0 at ``tp=1``."""
     if par.tp == 1:
         return 0.0
-    collectives = (6 if par.recompute == "full" else 4) * (2 if par.sequence_parallel else 1)
+    collectives = 6 if par.recompute == "full" else 4
+    if not par.sequence_parallel:
+        nbytes = par.micro_batch * model.seq * model.hidden * ACT_BYTES
+        return collectives * _domain_allreduce(nbytes, par.tp, cluster)
     bw = cluster.collective_efficiency * cluster.nvlink_bandwidth
-    return tp_comm_bytes_per_layer(model, par) / bw + collectives * cluster.collective_latency
+    return tp_comm_bytes_per_layer(model, par) / bw + 2 * collectives * cluster.collective_latency
 
 
 def pp_p2p_time(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> float:
@@ -209,9 +238,12 @@ def iteration_time(
     par: ParallelConfig,
     *,
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
+    gemm: GemmModel | None = None,
 ) -> Breakdown:
     """Seconds per iteration on one GPU, by cause. ``compute``: ``training_flops`` at
-    ``compute_efficiency`` x peak, spread evenly over the GPUs. ``memory_bound``: the activation
+    ``compute_efficiency`` x peak, spread evenly over the GPUs; or, with a ``gemm`` model, every
+    GEMM of the stage's layers timed from its shape (``cluster.gemm_model``: tiles, waves, the
+    roofline and the GPU's ceiling), m micro-batches of them, plus 1/p of the logit layer. ``memory_bound``: the activation
     traffic of LayerNorm, GeLU, softmax and dropout, ``ACTIVATION_PASSES`` x the bytes Korthikanti
     et al. count (+1 pass for what is recomputed), at HBM bandwidth. ``tp_comm`` and ``pp_p2p``:
     not overlapped (as in Megatron 2021). ``pp_bubble``: the bubble fraction of the steady
@@ -223,8 +255,24 @@ def iteration_time(
     if not 0 < compute_efficiency <= 1:
         raise ValueError(f"compute_efficiency must be in (0, 1], got {compute_efficiency}.")
     m, stage_layers = par.micro_batches, model.layers / par.pp
-    peak = cluster.gpu.peak(par.dtype) * compute_efficiency  # type: ignore[operator]
-    compute = training_flops(model, par.global_batch, par.recompute) / (cluster.n_gpus * peak)
+    if gemm is None:
+        peak = cluster.gpu.peak(par.dtype) * compute_efficiency  # type: ignore[operator]
+        compute = training_flops(model, par.global_batch, par.recompute) / (cluster.n_gpus * peak)
+    else:
+        compute = m * gemm_compute_time(
+            gemm,
+            model.hidden,
+            model.heads,
+            model.seq,
+            model.ffn_width,
+            model.vocab,
+            stage_layers,
+            par.micro_batch,
+            par.tp,
+            par.recompute,
+            "fp16" if par.dtype == "fp16" else par.dtype,
+            logit_share=1 / par.pp,
+        )
     other, attention = activation_parts(model, par.micro_batch, par.tp, par.sequence_parallel)
     redo = {"none": 0.0, "selective": attention, "full": other + attention}[par.recompute]
     traffic = ACTIVATION_PASSES * (other + attention) + redo
@@ -282,11 +330,14 @@ def tflops_per_gpu(
     *,
     flops: str = "hardware",
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
+    gemm: GemmModel | None = None,
 ) -> float:
     """Predicted TFLOP/s per GPU. ``flops="hardware"`` counts the recomputation too (what Table 1
     of Narayanan et al. reports); ``"model"`` does not (the numerator of MFU)."""
     if flops not in ("hardware", "model"):
         raise ValueError(f"flops must be 'hardware' or 'model', got {flops!r}.")
     recompute = par.recompute if flops == "hardware" else "none"
-    seconds = iteration_time(model, cluster, par, compute_efficiency=compute_efficiency).total
+    seconds = iteration_time(
+        model, cluster, par, compute_efficiency=compute_efficiency, gemm=gemm
+    ).total
     return training_flops(model, par.global_batch, recompute) / (cluster.n_gpus * seconds) / 1e12

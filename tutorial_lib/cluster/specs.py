@@ -111,6 +111,14 @@ class ClusterSpec:
     scaleout_bandwidth: float
     collective_efficiency: float = 0.7
     collective_latency: float = 20e-6
+    # NVLink SHARP in the scale-up domain's switches (Hopper/Blackwell NVSwitch; not A100): the
+    # all-reduce runs at nvls_efficiency of the link bandwidth on S (n+1)/n bytes
+    # (cluster.collectives). step_latency: per sequential step of an all-reduce across
+    # domains (NCCL's network hop latency, Simple protocol: 14 us; tuning.cc), so rings grow
+    # with the domain count and trees with its logarithm.
+    in_switch_reduction: bool = False
+    nvls_efficiency: float = 0.69
+    step_latency: float = 14e-6
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -121,6 +129,8 @@ class ClusterSpec:
             raise ValueError(
                 f"{self.name}: collective_efficiency must be in (0, 1] and collective_latency >= 0."
             )
+        if not 0 < self.nvls_efficiency <= 1 or self.step_latency < 0:
+            raise ValueError(f"{self.name}: nvls_efficiency must be in (0, 1], step_latency >= 0.")
         small = self.n_gpus <= self.domain_size and self.domain_size % self.n_gpus == 0
         if not small and self.n_gpus % self.domain_size:
             raise ValueError(
@@ -133,6 +143,18 @@ class ClusterSpec:
 
 
 _IB_400G = 400e9 / 8  # one 400 Gb/s ConnectX-7 port per GPU
+# nccl-tests all-reduce on 8 GPUs, NVLS off -> on (NVIDIA/nccl issue #2140): H100 bus bandwidth
+# 370 -> 480 GB/s, algorithm bandwidth 211 -> 275 GB/s; B300 695 -> 845 and 397 -> 483. As
+# fractions of the 450 (900) GB/s line rate: rings reach 370/450 = 0.82 (695/900 = 0.77); NVLS
+# moves S (n+1)/n bytes in S/algbw seconds, 9/8 x 275/450 = 0.69 (9/8 x 483/900 = 0.60).
+_HOPPER_NCCL = {"collective_efficiency": 0.82, "in_switch_reduction": True, "nvls_efficiency": 0.69}
+_HOPPER_NCCL_SOURCE = "nccl-tests on 8 x H100 (NVIDIA/nccl #2140): ring 0.82, NVLS 0.69"
+_BLACKWELL_NCCL = {
+    "collective_efficiency": 0.77,
+    "in_switch_reduction": True,
+    "nvls_efficiency": 0.60,
+}
+_BLACKWELL_NCCL_SOURCE = "nccl-tests on 8 x B300 (NVIDIA/nccl #2140): ring 0.77, NVLS 0.60"
 CLUSTERS: dict[str, ClusterSpec] = {
     c.name: c
     for c in (
@@ -153,8 +175,9 @@ CLUSTERS: dict[str, ClusterSpec] = {
             domain_size=8,
             nvlink_bandwidth=450e9,
             scaleout_bandwidth=_IB_400G,
+            **_HOPPER_NCCL,  # type: ignore[arg-type]
             source="DGX H100 datasheet: NVLink 4 900 GB/s per GPU bidirectional; eight "
-            "single-port ConnectX-7 400 Gb/s for the compute fabric",
+            "single-port ConnectX-7 400 Gb/s for the compute fabric; " + _HOPPER_NCCL_SOURCE,
         ),
         ClusterSpec(
             name="DGX H200",
@@ -163,8 +186,10 @@ CLUSTERS: dict[str, ClusterSpec] = {
             domain_size=8,
             nvlink_bandwidth=450e9,
             scaleout_bandwidth=_IB_400G,
+            **_HOPPER_NCCL,  # type: ignore[arg-type]
             source="DGX BasePOD reference architecture: DGX H200, four OSFP ports serving "
-            "eight single-port ConnectX-7, up to 400 Gb/s; H200 datasheet: NVLink 900 GB/s",
+            "eight single-port ConnectX-7, up to 400 Gb/s; H200 datasheet: NVLink 900 GB/s; "
+            + _HOPPER_NCCL_SOURCE,
         ),
         ClusterSpec(
             name="DGX B200",
@@ -173,8 +198,10 @@ CLUSTERS: dict[str, ClusterSpec] = {
             domain_size=8,
             nvlink_bandwidth=900e9,
             scaleout_bandwidth=_IB_400G,
+            **_BLACKWELL_NCCL,  # type: ignore[arg-type]
             source="DGX BasePOD reference architecture: DGX B200, 4 OSFP ports serving 8 "
-            "single-port ConnectX-7 up to 400 Gb/s; HGX B200 datasheet: NVLink 5 1.8 TB/s",
+            "single-port ConnectX-7 up to 400 Gb/s; HGX B200 datasheet: NVLink 5 1.8 TB/s; "
+            + _BLACKWELL_NCCL_SOURCE,
         ),
         ClusterSpec(
             name="GB200 NVL72",
@@ -183,7 +210,9 @@ CLUSTERS: dict[str, ClusterSpec] = {
             domain_size=72,
             nvlink_bandwidth=900e9,
             scaleout_bandwidth=_IB_400G,
-            source="GB200 NVL72 specifications: 72 GPUs in one NVLink domain, 130 TB/s; "
+            **_BLACKWELL_NCCL,  # type: ignore[arg-type]
+            source=_BLACKWELL_NCCL_SOURCE + "; "
+            "GB200 NVL72 specifications: 72 GPUs in one NVLink domain, 130 TB/s; "
             "DGX GB200 compute tray: four InfiniBand OSFP ports (ConnectX-7, 400 Gb/s) "
             "for its four GPUs",
         ),

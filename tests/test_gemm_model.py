@@ -1,0 +1,190 @@
+"""The GEMM-shape cost model (``cluster.gemm_model``), the all-reduce algorithms
+(``cluster.collectives``) and the validation of the cost model against three publications
+(``cluster.validation``): hand counts, an independent FLOP count, and the held-out error."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import pytest
+
+from tutorial_lib.cluster.collectives import allreduce_time, best_allreduce
+from tutorial_lib.cluster.cost_terms import iteration_time, training_flops
+from tutorial_lib.cluster.gemm_model import (
+    H200_BF16_8192_TFLOPS,
+    Gemm,
+    GemmModel,
+    gemm_compute_time,
+    gemm_model_for,
+    layer_gemms,
+    logit_gemms,
+)
+from tutorial_lib.cluster.specs import CLUSTERS, ModelSpec, ParallelConfig
+from tutorial_lib.cluster.validation import (
+    A100_GEMM_CEILING,
+    CALIBRATION_RUNS,
+    PUBLISHED_RUNS,
+    calibrate_gemm_ceiling,
+    gemm_validation_table,
+    validation_summary,
+)
+from tutorial_lib.hardware import SPECS
+
+H200 = SPECS["H200"]
+CALCULON_MEAN_ERROR = 0.0365  # Calculon's reported mean error on Megatron runs: the bar
+
+
+# ---- tiles, waves and the roofline -----------------------------------------------------------
+def test_wave_and_tile_quantization_by_hand() -> None:
+    gm = GemmModel(H200, sms=132, ceiling=1.0, tile_m=128, tile_n=256)
+    # 132 full tiles: one wave, nothing wasted
+    assert gm.quantization(Gemm("a", 128 * 12, 256 * 11, 512)) == 1.0
+    # 133 tiles need two waves of 132 SMs: 133 / 264 of the work done
+    assert gm.quantization(Gemm("b", 128 * 7, 256 * 19, 512)) == pytest.approx(133 / 264)
+    # a partial tile costs a whole one: 200 rows in 2 tiles of 128 (and 1 wave)
+    assert gm.quantization(Gemm("c", 200, 256, 64)) == pytest.approx(200 / (132 * 128))
+    # batched: 3 x 50 tiles = 150 tiles -> 2 waves
+    assert gm.quantization(Gemm("d", 128 * 5, 256 * 10, 64, batch=3)) == pytest.approx(150 / 264)
+
+
+def test_skinny_gemm_is_memory_bound_and_big_one_compute_bound() -> None:
+    gm = GemmModel(H200, sms=132, ceiling=0.8)
+    skinny = Gemm("inner dimension 16", 32768, 8192, 16)  # writes far more than it computes
+    nbytes = 2 * (32768 * 16 + 16 * 8192) + 2 * 32768 * 8192
+    assert gm.time(skinny) == pytest.approx(nbytes / H200.hbm_bandwidth)
+    big = Gemm("big", 8192, 8192, 8192)
+    expected = big.flops / (H200.peak("bf16") * 0.8 * gm.quantization(big))  # type: ignore[operator]
+    assert gm.time(big) == pytest.approx(expected)
+    assert gm.efficiency(big) < 0.8  # the last wave is not full
+    assert gm.time(big, "fp8") < gm.time(big)  # twice the peak
+
+
+def test_hopper_ceiling_reproduces_the_h200_measurement() -> None:
+    gm = gemm_model_for(H200)
+    g = Gemm("probe", 8192, 8192, 8192)
+    assert g.flops / gm.time(g) / 1e12 == pytest.approx(H200_BF16_8192_TFLOPS, rel=1e-9)
+    assert 0.8 < gm.ceiling < 0.85 and gm.sms == 132
+    assert gemm_model_for(SPECS["A100"]).ceiling == A100_GEMM_CEILING
+    with pytest.raises(ValueError, match="ceiling"):
+        GemmModel(H200, 132, 1.5)
+    with pytest.raises(ValueError, match="no fp8 peak"):
+        gemm_model_for(SPECS["A100"]).time(g, "fp8")
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_layer_gemms_count_the_published_training_flops(recompute: str) -> None:
+    # an independent count: cost_terms.training_flops (Narayanan et al.'s closed forms)
+    m = ModelSpec(layers=3, hidden=96, heads=6, vocab=131, seq=40)
+    b = 3
+    gemms = layer_gemms(m.hidden, m.heads, m.seq, m.ffn_width, b, 1, recompute)
+    logits = logit_gemms(m.hidden, m.vocab, m.seq, b, 1)
+    total = m.layers * sum(g.flops for g in gemms) + sum(g.flops for g in logits)
+    assert total == pytest.approx(training_flops(m, b, recompute))
+
+
+def test_selective_recompute_repeats_only_the_attention_gemms() -> None:
+    h, a, s, b = 96, 6, 40, 2
+    none = sum(g.flops for g in layer_gemms(h, a, s, 4 * h, b, 1, "none"))
+    sel = sum(g.flops for g in layer_gemms(h, a, s, 4 * h, b, 1, "selective"))
+    assert sel - none == pytest.approx(4 * b * s * s * h)  # Q K^T and P V once more
+
+
+def test_tensor_parallel_ranks_split_the_flops() -> None:
+    h, a, s, b, f = 128, 8, 32, 2, 512
+    one = sum(g.flops for g in layer_gemms(h, a, s, f, b, 1))
+    four = sum(g.flops for g in layer_gemms(h, a, s, f, b, 4))
+    assert 4 * four == pytest.approx(one)
+    gm = gemm_model_for(H200)
+    t1 = gemm_compute_time(gm, h, a, s, f, 1000, 2, b, 1)
+    t4 = gemm_compute_time(gm, h, a, s, f, 1000, 2, b, 4)
+    assert t4 < t1  # less work per rank, though not 4x less (smaller, less efficient GEMMs)
+
+
+# ---- collectives -----------------------------------------------------------------------------
+def test_allreduce_algorithms_by_hand() -> None:
+    S, B = 8e9, 100e9
+    assert allreduce_time(S, 8, B, 1.0, "ring") == pytest.approx(2 * 7 / 8 * S / B)
+    assert allreduce_time(S, 8, B, 0.5, "ring", 1e-3, 1e-4) == pytest.approx(
+        1e-3 + 14 * 1e-4 + 2 * 7 / 8 * S / (0.5 * B)
+    )
+    assert allreduce_time(S, 1024, B, 1.0, "tree", 0.0, 1e-4) == pytest.approx(
+        20 * 1e-4 + S / (0.46 * B)
+    )
+    assert allreduce_time(S, 8, B, 1.0, "nvls") == pytest.approx(S * 9 / 8 / B)
+    assert allreduce_time(S, 1, B, 1.0, "ring") == 0.0
+    # small message across 1024 domains: the tree's log2 steps beat the ring's 2046
+    assert best_allreduce(1e3, 1024, B, 1.0, ("ring", "tree"), 0.0, 14e-6)[0] == "tree"
+    assert best_allreduce(S, 8, B, 1.0, ("ring", "tree"))[0] == "ring"
+    # 8 x H100: NVLS at its measured efficiency beats the measured ring
+    h100 = CLUSTERS["DGX H100"]
+    nvls = best_allreduce(
+        S, 8, h100.nvlink_bandwidth, h100.collective_efficiency, ("ring", "nvls"),
+        nvls_efficiency=h100.nvls_efficiency,
+    )  # fmt: skip
+    assert nvls[0] == "nvls"
+    ring = allreduce_time(S, 8, h100.nvlink_bandwidth, h100.collective_efficiency)
+    assert ring / nvls[1] == pytest.approx(275 / 211, rel=0.03)  # nccl #2140's speed-up
+    with pytest.raises(ValueError, match="algorithm"):
+        allreduce_time(S, 8, B, 1.0, "butterfly")
+    with pytest.raises(ValueError, match="efficiency"):
+        allreduce_time(S, 8, B, 0.0)
+
+
+def test_nvls_shortens_hopper_tp_communication() -> None:
+    model = ModelSpec(layers=8, hidden=8192, heads=64, vocab=51200, seq=2048)
+    par = ParallelConfig(tp=8, pp=1, dp=1, micro_batch=1, global_batch=8)
+    h100 = CLUSTERS["DGX H100"]
+    with_nvls = iteration_time(model, h100, par)["tp_comm"]
+    without = iteration_time(model, dataclasses.replace(h100, in_switch_reduction=False), par)[
+        "tp_comm"
+    ]
+    assert without / with_nvls == pytest.approx(275 / 211, rel=0.03)
+    sp = dataclasses.replace(par, sequence_parallel=True)  # reduce-scatter/all-gather: no gain
+    assert iteration_time(model, h100, sp)["tp_comm"] == pytest.approx(
+        iteration_time(model, dataclasses.replace(h100, in_switch_reduction=False), sp)["tp_comm"]
+    )
+
+
+# ---- validation against three publications ---------------------------------------------------
+def test_published_runs_are_transcribed_consistently() -> None:
+    assert len(PUBLISHED_RUNS) == 25 and len({r.name for r in PUBLISHED_RUNS}) == 25
+    for r in PUBLISHED_RUNS:
+        assert r.seconds > 0 and r.global_batch % (r.dp * r.micro_batch) == 0, r.name
+        assert r.layers % r.pp == 0 or r.name.startswith("T1"), r.name
+    k175 = next(r for r in PUBLISHED_RUNS if r.name == "K 175B selective")
+    assert (k175.seconds, k175.virtual_stages, k175.sequence_parallel) == (13.75, 3, True)
+    # a derived time gives back the printed TFLOP/s: T2 175B on 1536 GPUs, 141 TFLOP/s
+    t2 = next(r for r in PUBLISHED_RUNS if r.name == "T2 175B 1536 GPUs")
+    model, _, _ = t2.setup()
+    assert training_flops(model, 1536, "full") / (1536 * t2.seconds) / 1e12 == pytest.approx(141)
+    assert set(CALIBRATION_RUNS) < {r.name for r in PUBLISHED_RUNS}
+
+
+def test_ceiling_constant_is_what_the_calibration_rows_give() -> None:
+    assert calibrate_gemm_ceiling() == pytest.approx(A100_GEMM_CEILING, abs=5e-4)
+
+
+def test_held_out_error_beats_calculon(record_property: Callable[[str, object], None]) -> None:
+    table = gemm_validation_table()
+    summary = validation_summary(table)
+    assert summary["calibration_rows"] == 5 and summary["held_out_rows"] == 20
+    report = (
+        f"cost model vs {len(table)} published runs (A100): held-out mean |error| "
+        f"{100 * summary['held_out_mean_abs_error']:.2f}% over {summary['held_out_rows']} "
+        f"rows (max {100 * summary['held_out_max_abs_error']:.1f}%); calibration rows "
+        f"{100 * summary['calibration_mean_abs_error']:.2f}%"
+    )
+    record_property("report", report)
+    assert summary["held_out_mean_abs_error"] < CALCULON_MEAN_ERROR, report
+    assert summary["held_out_max_abs_error"] < 0.10, report
+    # calibrating on every row would have to do at least as well on the whole table
+    everything = calibrate_gemm_ceiling(tuple(r.name for r in PUBLISHED_RUNS))
+    assert math.isclose(everything, A100_GEMM_CEILING, abs_tol=0.05)
+
+
+def test_the_ceiling_is_not_a_free_pass() -> None:
+    # a wrong ceiling must fail the held-out bound: the test can fail
+    worse = validation_summary(gemm_validation_table(A100_GEMM_CEILING * 0.9))
+    assert worse["held_out_mean_abs_error"] > CALCULON_MEAN_ERROR
