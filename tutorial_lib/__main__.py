@@ -147,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     ntp.add_argument("--seed", type=int, default=0)
     ntp.add_argument("--samples", type=_positive_int, default=32, help="Monte Carlo repetitions")
     ntp.add_argument("--quick", action="store_true", help="fewer points and one trace (tests)")
+    ntp.add_argument(
+        "--shard-split",
+        choices=("whole", "even"),
+        default="whole",
+        help="how a degraded TP group splits a layer: whole heads, the busiest rank sets the pace "
+        "(default), or evenly over the survivors, the paper's assumption (NTP then needs the "
+        "paper's 16 spare domains, not 24)",
+    )
     return parser
 
 
@@ -413,9 +421,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _ntp_reproduce(args: argparse.Namespace) -> int:
-    from .cluster import format_report, ntp_reproduce
+    from .cluster import TrainingJob, format_report, ntp_reproduce
 
-    report = ntp_reproduce(seed=args.seed, samples=args.samples, quick=args.quick)
+    job = TrainingJob.paper(shard_split=args.shard_split)
+    report = ntp_reproduce(seed=args.seed, samples=args.samples, quick=args.quick, job=job)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

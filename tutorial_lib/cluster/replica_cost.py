@@ -39,9 +39,17 @@ from .cost_terms import (
 from .plan_options import option_table
 from .specs import ClusterSpec, ModelSpec, ParallelConfig
 
-__all__ = ["SHORTFALLS", "PowerBoost", "TrainingJob", "PAPER_CLUSTER", "PAPER_MODEL"]
+__all__ = [
+    "SHARD_SPLITS",
+    "SHORTFALLS",
+    "PowerBoost",
+    "TrainingJob",
+    "PAPER_CLUSTER",
+    "PAPER_MODEL",
+]
 
 SHORTFALLS = ("shrink", "stretch")
+SHARD_SPLITS = ("whole", "even")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -95,6 +103,19 @@ class TrainingJob:
 
     reduced_tps: degrees a degraded replica may run at (None: any below the base degree).
     one_reduced_tp: every degraded replica at one degree (``ntp.plan_ntp``'s rule).
+    shard_split: how a TP-t' replica splits a layer's work over its t' ranks.
+
+    - ``"whole"`` (default): attention heads and FFN columns are whole units, so the busiest
+      rank owns ceil(heads / t') heads and ceil(ffn / t') columns and sets the pace (GEMMs scaled
+      by ``_shard_imbalance``, attention activations by ceil(heads / t') t' / heads). On the
+      paper's job, 128 heads over 30 ranks leave 5 on the busiest against a mean of 4.27: a TP-30
+      micro-batch is 1.112 times a TP-32 one, so a TP-30 replica keeps 6 of its 8 sequences, and
+      the Figure 7 simulation (seed-0 15-day trace) needs 24 spare domains for ``ntp``.
+    - ``"even"``: every rank gets 1/t' of the work (a fractional share of heads and columns). This
+      is the NTP paper's idealisation (its abstract: a degraded replica contributes "throughput
+      equal to the percentage of still-functional GPUs"). A TP-30 micro-batch is then 1.044
+      times a TP-32 one, a TP-30 replica keeps 7 of 8 sequences, and ``ntp`` needs the paper's
+      16 spare domains (two 8-domain replicas instead of three).
     """
 
     model: ModelSpec
@@ -104,6 +125,7 @@ class TrainingJob:
     one_reduced_tp: bool = False
     power: PowerBoost = field(default_factory=PowerBoost)
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    shard_split: str = "whole"
     # Step times and option tables, computed on first use (the job is immutable, so they hold).
     _cache: dict[tuple[Any, ...], Any] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -130,6 +152,11 @@ class TrainingJob:
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(
                 f"compute_efficiency must be in (0, 1], got {self.compute_efficiency}."
+            )
+        if self.shard_split not in SHARD_SPLITS:
+            raise ValueError(
+                f"shard_split must be 'whole' (heads and FFN columns are whole units) or 'even' "
+                f"(work splits evenly over the ranks), got {self.shard_split!r}."
             )
         if self.reduced_tps is not None:
             degrees = [check_int(d, "each of reduced_tps", 1) for d in self.reduced_tps]
@@ -191,14 +218,18 @@ class TrainingJob:
     def per_microbatch(self, tp: int, speed: float = 1.0) -> dict[str, float]:
         """Seconds per micro-batch of the busiest stage of a TP-``tp`` replica boosted ``speed``
         times: ``compute``, ``memory_bound`` and ``tp_comm`` (divided by the speed-up) and
-        ``pp_p2p`` (over the scale-out network: not)."""
+        ``pp_p2p`` (over the scale-out network: not). With ``shard_split="whole"`` the busiest
+        rank owns whole heads and FFN columns; with ``"even"`` every rank does 1/tp."""
         m, par = self.model, dataclasses.replace(self.par, tp=tp)
         layers = math.ceil(m.layers / par.pp)  # the busiest stage
         peak = self.cluster.gpu.peak(par.dtype) * self.compute_efficiency  # type: ignore[operator]
         flops = training_flops(m, par.micro_batch, par.recompute) * layers * par.pp / m.layers
-        compute = flops * _shard_imbalance(m, tp, par.recompute) / (tp * par.pp * peak)
+        whole = self.shard_split == "whole"
+        imbalance = _shard_imbalance(m, tp, par.recompute) if whole else 1.0
+        compute = flops * imbalance / (tp * par.pp * peak)
         other, attention = activation_parts(m, par.micro_batch, tp, par.sequence_parallel)
-        attention *= math.ceil(m.heads / tp) * tp / m.heads
+        if whole:
+            attention *= math.ceil(m.heads / tp) * tp / m.heads
         redo = {"none": 0.0, "selective": attention, "full": other + attention}[par.recompute]
         traffic = ACTIVATION_PASSES * (other + attention) + redo
         return {
