@@ -53,6 +53,7 @@ TOY = ClusterSpec(
     domain_size=8,
     nvlink_bandwidth=450e9,
     scaleout_bandwidth=50e9,
+    step_latency=0.0,  # a 6 ms toy step: per-hop latency would decide its plans, not packing
 )
 PAR = ParallelConfig(tp=4, pp=2, dp=8, global_batch=32, overlap_dp_comm=True)
 JOB = TrainingJob(model=MODEL, cluster=TOY, par=PAR)

@@ -10,7 +10,10 @@ The cost model
     ``cost_terms``: the terms of an iteration (``training_flops``, ``dp_allreduce_time``,
     ``pipeline_bubble_fraction``, ...) and their sums ``iteration_time``, ``memory_per_gpu``,
     ``tflops_per_gpu``.
-    ``validation``: the model against Table 1 of Narayanan et al. 2021.
+    ``gemm_model``: GEMM efficiency from the shape (tiles, waves, roofline, a ceiling per GPU).
+    ``collectives``: ring, tree and NVLink SHARP all-reduces.
+    ``validation``: the model against 25 published A100 runs (three papers), held-out error.
+    ``domains``: NVL8 Hopper systems against NVL32 and NVL72 domains under failures.
 Failures and plans
     ``failures``: the Llama 3 failure model, Monte Carlo traces, replica availability.
     ``replica_cost``: ``TrainingJob`` and the step time of a healthy or degraded replica;
@@ -19,10 +22,13 @@ Failures and plans
     ``packing``: packing damaged TP groups into replicas; scoring candidate plans.
     ``plans``: ``plan_cluster`` -> ``ClusterPlan`` (its docstring lists the modelling assumptions).
     ``monte_carlo``: throughput and availability over random failures; spare domains.
+    ``goodput``: goodput when every failure restarts the job from its last checkpoint
+    (``RestartCost``, ``simulate_goodput``); Young's and Daly's checkpoint intervals.
     ``reproduce`` and ``report``: the NTP paper's experiments (``ntp-reproduce``).
     ``explore``: chapter 11's plan explorer (matplotlib; imported on its own, not here).
 """
 
+from .collectives import allreduce_time, best_allreduce
 from .cost_terms import (
     Breakdown,
     activation_bytes_per_layer,
@@ -34,6 +40,7 @@ from .cost_terms import (
     tp_comm_bytes_per_layer,
     training_flops,
 )
+from .domains import DOMAIN_MODEL, domain_comparison, domain_jobs
 from .failures import (
     FailureModel,
     FailureTrace,
@@ -44,6 +51,18 @@ from .failures import (
     replica_availability,
     simulate_trace,
 )
+from .gemm_model import GemmModel, gemm_model_for
+from .goodput import (
+    GoodputResult,
+    IntervalSweep,
+    RestartCost,
+    daly_interval,
+    expected_goodput,
+    job_mtbf_hours,
+    optimal_interval,
+    simulate_goodput,
+    young_interval,
+)
 from .monte_carlo import SpareResult, availability_samples, spare_domains, throughput_samples
 from .packing import relative_throughput, slot_failures
 from .plan_options import PLAN_POLICIES
@@ -52,7 +71,15 @@ from .replica_cost import PowerBoost, TrainingJob
 from .report import format_report
 from .reproduce import PAPER_CLUSTER, PAPER_MODEL, PAPER_REPORTED, ntp_reproduce
 from .specs import CLUSTERS, GB200, ClusterSpec, ModelSpec, ParallelConfig, check_config
-from .validation import MEGATRON_2021_TABLE1, Table1Row, validation_table
+from .validation import (
+    MEGATRON_2021_TABLE1,
+    PUBLISHED_RUNS,
+    PublishedRun,
+    Table1Row,
+    gemm_validation_table,
+    validation_summary,
+    validation_table,
+)
 
 __all__ = [
     # cost model
@@ -74,6 +101,17 @@ __all__ = [
     "Table1Row",
     "MEGATRON_2021_TABLE1",
     "validation_table",
+    "PUBLISHED_RUNS",
+    "PublishedRun",
+    "gemm_validation_table",
+    "validation_summary",
+    "allreduce_time",
+    "best_allreduce",
+    "GemmModel",
+    "gemm_model_for",
+    "DOMAIN_MODEL",
+    "domain_comparison",
+    "domain_jobs",
     # failures
     "Recovery",
     "FailureModel",
@@ -96,6 +134,16 @@ __all__ = [
     "availability_samples",
     "SpareResult",
     "spare_domains",
+    # goodput with restarts
+    "RestartCost",
+    "GoodputResult",
+    "IntervalSweep",
+    "young_interval",
+    "daly_interval",
+    "expected_goodput",
+    "job_mtbf_hours",
+    "simulate_goodput",
+    "optimal_interval",
     "PAPER_CLUSTER",
     "PAPER_MODEL",
     "PAPER_REPORTED",

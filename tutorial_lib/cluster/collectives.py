@@ -16,12 +16,16 @@ cost model, ``src/graph/tuning.cc``, and nccl-tests' ``doc/PERFORMANCE.md``):
   (issue #1083), so sequence parallelism's collectives stay on rings.
 
 ``allreduce_time`` charges one algorithm; ``best_allreduce`` picks the fastest allowed, as
-NCCL's tuner does. Efficiencies (achieved over link bandwidth) come from ``ClusterSpec``.
+NCCL's tuner does. Efficiencies (achieved over link bandwidth) come from ``ClusterSpec``. Ring
+bytes are ``tp_traffic.allreduce_bytes``; that module's ``"nvls"`` is the switch's ideal, S each
+way, where NCCL's NVLS moves S (n+1)/n, which is what is timed here.
 """
 
 from __future__ import annotations
 
 import math
+
+from .tp_traffic import allreduce_bytes
 
 __all__ = [
     "ALGORITHMS",
@@ -59,7 +63,7 @@ def allreduce_time(
         return 0.0
     bw = efficiency * bandwidth
     if algorithm == "ring":
-        return latency + 2 * (ranks - 1) * step_latency + 2 * (ranks - 1) / ranks * nbytes / bw
+        return latency + 2 * (ranks - 1) * step_latency + allreduce_bytes(nbytes, ranks) / bw
     if algorithm == "tree":
         steps = 2 * math.ceil(math.log2(ranks))
         return latency + steps * step_latency + nbytes / (_TREE_BW * bw)

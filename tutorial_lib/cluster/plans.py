@@ -29,7 +29,9 @@ Modelling assumptions (each stated where it is used):
   paper overlaps it). ``TrainingJob(one_reduced_tp=True)`` is ``ntp.plan_ntp``'s rule, one degree
   for all.
 - **Step times** come from ``cost_terms`` (Narayanan et al.'s terms, the same code): a degraded
-  replica's busiest rank owns ``ceil(heads / t')`` heads and ``ceil(ffn / t')`` FFN columns, its
+  replica's busiest rank owns ``ceil(heads / t')`` heads and ``ceil(ffn / t')`` FFN columns
+  (``TrainingJob(shard_split="whole")``, the default; ``"even"``, the paper's assumption, splits
+  the work evenly over the survivors), its
   pipeline sends are ``t / t'`` larger, and the job's DP all-reduce moves ``t / core`` more bytes
   per rank. A synchronous job steps at its slowest replica, so ``ntp`` picks the largest batch at
   which a degraded replica keeps pace. The busiest stage has ``ceil(layers / pp)`` layers.
@@ -45,7 +47,7 @@ Modelling assumptions (each stated where it is used):
   ``dp-drop`` (or drops replicas below a degree), ``ntp-pw`` to ``ntp`` (only with ``"shrink"``:
   ``"stretch"`` holds the global batch). ``ClusterPlan.chosen`` says which plan won.
 - Not modelled: memory of a degraded replica (t / t' more weights per GPU), the rack's total
-  power, failures taking out more than one GPU, restart time.
+  power, failures taking out more than one GPU, restart time (``cluster.goodput`` adds it).
 
 ``cluster.packing`` scores the plans, ``cluster.monte_carlo`` runs them over random failures and
 failure traces, ``cluster.reproduce`` runs the paper's experiments.

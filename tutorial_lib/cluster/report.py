@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .goodput import BREAKDOWN
 from .plan_options import PLAN_POLICIES
 
 __all__ = ["format_report"]
@@ -14,6 +15,33 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def _goodput_table(report: dict[str, Any]) -> str:
+    """Goodput with restarts per policy at Daly's interval, the simulated best, the breakdown."""
+    g, r = report["goodput"], report["setup"]["restart"]
+    first = g[PLAN_POLICIES[0]]
+    rows = [
+        [
+            p,
+            f"{100 * g[p]['goodput']:.1f}%",
+            f"{60 * g[p]['optimal_interval_h']:.1f} -> {100 * g[p]['optimal_goodput']:.1f}%",
+        ]
+        + [f"{100 * g[p]['breakdown'][k]:.1f}%" for k in BREAKDOWN]
+        for p in PLAN_POLICIES
+    ]
+    return (
+        f"Goodput with restarts (every failure restarts from the last checkpoint): MTBF "
+        f"{r['mtbf_h']:.2f} h, downtime {r['downtime_s'] / 60:.1f} min (detect "
+        f"{r['detect_s']:.0f} s + restart {r['restart_s']:.0f} s + load {r['load_s']:.1f} s), "
+        f"checkpoint write {r['write_s']:.1f} s; interval: Young "
+        f"{60 * first['young_interval_h']:.2f} min, Daly {60 * first['daly_interval_h']:.2f} min "
+        f"(used)\n"
+        + _table(
+            ["policy", "goodput", "best interval (min)", *[k.replace("_", " ") for k in BREAKDOWN]],
+            rows,
+        )
+    )
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -58,5 +86,6 @@ def format_report(report: dict[str, Any]) -> str:
             + _table(["policy", "needed", "per trace", "paused w/o spares", "paper"], spare_rows),
             f"Time with > 0.1% of GPUs down: {100 * report['time_above_0.1pct']:.1f}% "
             f"(paper: {100 * paper['time_above_0.1pct']:.0f}%)",
+            _goodput_table(report),
         ]
     )
