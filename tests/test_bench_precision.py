@@ -120,7 +120,7 @@ def test_model_batch_and_steps_overrides(
     )
     record = _load(path)
     assert record["environment"]["preset"] == "hopper"  # the preset used, not the env's
-    assert record["meta"]["model_config"]["vocab_size"] == 256  # hopper's override kept
+    assert record["meta"]["model_config"]["vocab_size"] == 50304  # hopper's BPE rows kept
     assert (record["meta"]["warmup"], record["meta"]["iters"]) == (2, 2)
     [row] = record["rows"]
     assert (row["policy"], row["model"], row["batch"], row["seq"]) == ("fp32", "bench-tiny", 2, 11)

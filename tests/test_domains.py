@@ -10,6 +10,7 @@ import pytest
 
 from tutorial_lib.cluster.domains import DOMAIN_MODEL, domain_comparison, domain_jobs
 from tutorial_lib.cluster.monte_carlo import _nested_failures
+from tutorial_lib.cluster.specs import check_config
 
 
 def test_jobs_put_tp_inside_each_domain() -> None:
@@ -21,6 +22,7 @@ def test_jobs_put_tp_inside_each_domain() -> None:
         "GB200 NVL72": (72, 72),
     }
     for job in jobs.values():
+        check_config(job.model, job.cluster, job.par)  # a layout the cost model accepts
         assert DOMAIN_MODEL.heads % job.base_tp == 0
         assert job.local_batch == 8 and job.par.tp * job.par.pp * job.par.dp == job.cluster.n_gpus
     assert jobs["DGX H100"].degrees == (6, 7)  # TP 8 degrades to 7 or 6, no further

@@ -165,16 +165,20 @@ def test_preset_tokenizer_and_data_follow_the_preset(text_file: Path) -> None:
     assert tok.decode(data.train[:50]) in text.decode("utf-8", errors="replace")
 
 
-def test_run_training_refuses_a_vocabulary_smaller_than_the_preset_tokenizer(
+def test_run_training_refuses_a_vocabulary_no_tokenizer_fits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from tutorial_lib import config
     from tutorial_lib.config import GPTConfig
     from tutorial_lib.train import TrainConfig, run_training
 
-    bpe_preset = dataclasses.replace(PRESETS["ci"], tokenizer="bpe", bpe_vocab=2000)
+    original = PRESETS["ci"]
+    bpe_preset = dataclasses.replace(original, tokenizer="bpe", bpe_vocab=2000)
     monkeypatch.setitem(config.PRESETS, "ci", bpe_preset)
     monkeypatch.setenv("TUTORIAL_PRESET", "ci")
     cfg = GPTConfig(vocab_size=1024, block_size=8, n_layer=1, n_head=2, n_embd=16)
-    with pytest.raises(ValueError, match="smaller than the 'ci' preset's tokenizer"):
+    with pytest.raises(ValueError, match="no tokenizer for a 1024-row vocabulary"):
+        run_training(cfg, TrainConfig(steps=1, batch_size=2, progress=False))
+    monkeypatch.setitem(config.PRESETS, "ci", original)  # bytes: only 256 rows fit
+    with pytest.raises(ValueError, match="has 256"):
         run_training(cfg, TrainConfig(steps=1, batch_size=2, progress=False))

@@ -143,9 +143,10 @@ class RunPreset:
     sample_tokens: how many tokens ``generate`` writes in the sampling demos.
     tokenizer: what the notebooks (``data.preset_data``) and ``train`` on the command line
         tokenize with: ``"bytes"`` (256 symbols) or ``"bpe"`` (``tokenizer.train_bpe`` asked for
-        ``bpe_vocab`` tokens). ``vocab_size`` is the model's rows: 256, or ``bpe_vocab`` padded
-        to a multiple of 64 (GPT-2's 50,257 becomes 50,304), whatever the corpus let the
-        tokenizer learn (rows past its vocabulary are never a target).
+        ``bpe_vocab`` tokens). ``vocab_size`` is the model's rows: the named size's under bytes
+        (256), or ``bpe_vocab`` padded to a multiple of 64 (GPT-2's 50,257 becomes 50,304),
+        whatever the corpus let the tokenizer learn (rows past its vocabulary are never a
+        target).
     """
 
     name: str
@@ -184,17 +185,16 @@ class RunPreset:
 
     @property
     def vocab_size(self) -> int:
-        """The model's vocabulary rows under this preset's tokenizer."""
-        if self.tokenizer == "bytes":
-            return 256
-        return -(-self.bpe_vocab // 64) * 64  # tokenizer.pad_vocab, without importing it
+        """The model's vocabulary rows: ``model_config().vocab_size``."""
+        return self.model_config().vocab_size
 
     def model_config(self, **overrides: Unpack[GPTConfigOverrides]) -> GPTConfig:
-        merged: GPTConfigOverrides = {
-            "vocab_size": self.vocab_size,
-            **self.model_overrides,
-            **overrides,
-        }
+        """The named size with the preset's overrides, then ``overrides``. Under a BPE preset
+        the vocabulary is ``bpe_vocab`` padded to a multiple of 64 (``tokenizer.pad_vocab``);
+        a bytes preset keeps the named size's (256 for the book's byte-level sizes)."""
+        merged: GPTConfigOverrides = {**self.model_overrides, **overrides}
+        if self.tokenizer == "bpe" and "vocab_size" not in merged:
+            merged["vocab_size"] = -(-self.bpe_vocab // 64) * 64
         return GPTConfig.from_name(self.model, **merged)
 
     @property

@@ -12,10 +12,11 @@ download: the corpus is on this machine). ``BPETokenizer`` encodes and decodes, 
 loads itself as ``tokenizer.json``: plain JSON, nothing to unpickle. Its ``padded_vocab_size`` is
 the vocabulary asked for rounded up to a multiple of 64, the size the embedding and the LM head
 get (GPT-2's 50,257 becomes 50,304, which tiles the GEMMs evenly; the extra rows are never a
-target). A corpus can hold fewer frequent pairs than asked for (the standard library gives about
-30,000 tokens of the 50,257); the rows stay those asked for, so the model keeps its shape, and
-``tokenizer.rows.json`` beside the tokenizer keeps that number for a resumed run. ``tokenize(corpus, tokenizer)`` turns the corpus into token ids; ``bits_per_byte``
-makes losses comparable across tokenizers.
+target). A corpus can hold fewer pairs seen twice than the merges asked for, so the tokenizer
+learns fewer tokens; the rows stay those asked for, so the model keeps its shape, and
+``tokenizer.rows.json`` beside the tokenizer keeps that number for a resumed run.
+``tokenize(corpus, tokenizer)`` turns the corpus into token ids; ``bits_per_byte`` makes losses
+comparable across tokenizers.
 """
 
 from __future__ import annotations

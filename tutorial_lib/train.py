@@ -513,20 +513,21 @@ def run_training(
 
     The model is ``build_model(cfg, precision=train_cfg.precision, fused=..., compile=...,
     seed=seed)``; the data is ``data``, else bytes (``make_data(cfg.block_size,
-    seed=data_seed)``) for a 256-row vocabulary and the active preset's tokenizer
-    (``preset_data``) for a larger one. Two runs that differ in one setting start from the same
+    seed=data_seed)``) for a 256-row vocabulary, or the active preset's BPE (``preset_data``)
+    for its vocabulary; any other size raises ValueError. Two runs that differ in one setting start from the same
     weights and see the same batches. Returns the ``Trainer`` after ``train_cfg.steps`` steps:
     ``.history`` holds the metrics, ``.model`` the trained model."""
     if data is None:
+        preset = get_preset()
         if cfg.vocab_size == 256:
             data = make_data(cfg.block_size, seed=data_seed)
-        elif (preset := get_preset()).vocab_size <= cfg.vocab_size:
+        elif preset.tokenizer == "bpe" and preset.vocab_size == cfg.vocab_size:
             data = preset_data(preset, seed=data_seed, block_size=cfg.block_size)
         else:
             raise ValueError(
-                f"run_training: a {cfg.vocab_size}-row vocabulary is smaller than the "
-                f"{preset.name!r} preset's tokenizer ({preset.vocab_size} rows). Pass data= "
-                "tokenized to fit, or a config with vocab_size=256 (bytes)."
+                f"run_training: no tokenizer for a {cfg.vocab_size}-row vocabulary: bytes need "
+                f"256 rows and the {preset.name!r} preset's tokenizer has {preset.vocab_size}. "
+                "Pass data= tokenized for this model, or a config with one of those sizes."
             )
     model = build_model(
         cfg, precision=train_cfg.precision, fused=fused, compile=compile, device=device, seed=seed

@@ -54,10 +54,19 @@ def allreduce_time(
     sequential step of the algorithm (module docstring). 0 for one rank."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}.")
-    if ranks < 1 or nbytes < 0 or bandwidth <= 0 or not 0 < efficiency <= 1:
+    if (
+        not isinstance(ranks, int)
+        or ranks < 1
+        or nbytes < 0
+        or bandwidth <= 0
+        or not 0 < efficiency <= 1
+        or latency < 0
+        or step_latency < 0
+    ):
         raise ValueError(
-            f"Need ranks >= 1, nbytes >= 0, bandwidth > 0 and efficiency in (0, 1]; got "
-            f"{ranks}, {nbytes}, {bandwidth}, {efficiency}."
+            "Need an integer ranks >= 1, nbytes >= 0, bandwidth > 0, efficiency in (0, 1] and "
+            f"latencies >= 0; got {ranks}, {nbytes}, {bandwidth}, {efficiency}, {latency}, "
+            f"{step_latency}."
         )
     if ranks == 1:
         return 0.0

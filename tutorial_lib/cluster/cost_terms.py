@@ -270,7 +270,7 @@ def iteration_time(
             par.micro_batch,
             par.tp,
             par.recompute,
-            "fp16" if par.dtype == "fp16" else par.dtype,
+            par.dtype,
             logit_share=1 / par.pp,
         )
     other, attention = activation_parts(model, par.micro_batch, par.tp, par.sequence_parallel)

@@ -8,11 +8,14 @@ larger domains. A failed GPU takes its whole TP group out of a job that drops re
 what running the damaged group at a lower degree (``ntp``, ``ntp-pw``) wins back, grow with the
 domain.
 
-``DOMAIN_MODEL`` is one GPT for all four, a 100-layer, 18,432-wide model with 288 heads of 64,
-so that TP 8, 32 and 72 all divide its heads (about 408B parameters, the class of the NTP paper's
-480B). ``domain_jobs()`` builds one ``TrainingJob`` per cluster, about 32K GPUs each, 8 sequences
-of 16K tokens per replica; ``domain_comparison`` gives each policy's mean relative throughput
-under uniformly random failures (``monte_carlo.throughput_samples``).
+``DOMAIN_MODEL`` is one GPT for all four, 96 layers 18,432 wide with 288 heads of 64 and
+sequences of 18,432 tokens, so that TP 8, 32 and 72 all divide its heads and its sequence (for
+sequence parallelism) and 8 or 16 stages its layers (about 392B parameters, the class of the NTP
+paper's 480B). ``domain_jobs()`` builds one ``TrainingJob`` per cluster (32,768 GPUs, or 36,864
+in whole NVL72 racks), 8 sequences per replica, every scale-up domain with the same NCCL
+assumptions of its generation (``specs``: nccl-tests' ring and NVLS efficiencies); the paper's
+NVL32 B200 cluster gets Blackwell's. ``domain_comparison`` gives each policy's mean relative
+throughput under uniformly random failures (``monte_carlo.throughput_samples``).
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ from ..checks import check_positive_int
 from .monte_carlo import throughput_samples
 from .plan_options import PLAN_POLICIES
 from .replica_cost import PAPER_CLUSTER, TrainingJob
-from .specs import CLUSTERS, ModelSpec, ParallelConfig
+from .specs import _BLACKWELL_NCCL, CLUSTERS, ModelSpec, ParallelConfig, check_config
 
 __all__ = ["DOMAIN_MODEL", "DOMAIN_SETUPS", "domain_jobs", "domain_comparison"]
 
 DOMAIN_MODEL = ModelSpec(
-    layers=100, hidden=18432, heads=288, vocab=51200, seq=16384, name="408B GPT (288 heads)"
+    layers=96, hidden=18432, heads=288, vocab=51200, seq=18432, name="392B GPT (288 heads)"
 )
 # cluster name: (domains, tp, pp, reduced TP degrees allowed)
 DOMAIN_SETUPS: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
@@ -49,7 +52,10 @@ def domain_jobs(shard_split: str = "whole") -> dict[str, TrainingJob]:
     a distributed optimizer (the NTP paper's assumptions, ``TrainingJob.paper``)."""
     jobs = {}
     for name, (domains, tp, pp, reduced) in DOMAIN_SETUPS.items():
-        base = PAPER_CLUSTER if name == PAPER_CLUSTER.name else CLUSTERS[name]
+        if name == PAPER_CLUSTER.name:
+            base = dataclasses.replace(PAPER_CLUSTER, **_BLACKWELL_NCCL)  # type: ignore[arg-type]
+        else:
+            base = CLUSTERS[name]
         cluster = dataclasses.replace(base, n_gpus=domains * base.domain_size)
         dp = cluster.n_gpus // (tp * pp)
         par = ParallelConfig(
@@ -63,6 +69,7 @@ def domain_jobs(shard_split: str = "whole") -> dict[str, TrainingJob]:
             overlap_dp_comm=True,
             distributed_optimizer=True,
         )
+        check_config(DOMAIN_MODEL, cluster, par)
         jobs[name] = TrainingJob(
             model=DOMAIN_MODEL,
             cluster=cluster,

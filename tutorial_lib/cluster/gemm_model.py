@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..hardware import DeviceSpec
+from ..hardware import SPECS, DeviceSpec
 
 __all__ = [
     "GemmModel",
@@ -49,10 +49,14 @@ class Gemm:
     """One GEMM: ``batch`` independent products of (m x k) by (k x n)."""
 
     name: str
-    m: int
-    n: int
-    k: int
-    batch: int = 1
+    m: float  # whole numbers, except for a work split evenly over ranks (``split="even"``)
+    n: float
+    k: float
+    batch: float = 1
+
+    def __post_init__(self) -> None:
+        if min(self.m, self.n, self.k, self.batch) <= 0:
+            raise ValueError(f"GEMM {self.name!r}: m, n, k and batch must be positive, got {self}.")
 
     @property
     def flops(self) -> float:
@@ -78,7 +82,7 @@ class GemmModel:
     source: str = ""
 
     def __post_init__(self) -> None:
-        if self.sms < 1 or self.tile_m < 1 or self.tile_n < 1:
+        if min(self.sms, self.tile_m, self.tile_n) < 1:
             raise ValueError("sms, tile_m and tile_n must be positive integers.")
         if not 0 < self.ceiling <= 1:
             raise ValueError(f"ceiling must be in (0, 1], got {self.ceiling}.")
@@ -121,22 +125,30 @@ def layer_gemms(
     micro_batch: int,
     tp: int,
     recompute: str = "none",
+    split: str = "whole",
 ) -> list[Gemm]:
-    """The GEMMs one TP rank runs for one layer and one micro-batch, forward, backward and
-    recomputed: QKV, attention scores (Q K^T) and values (P V) per head, the projection and the
-    two MLP GEMMs, with Megatron's split (column-parallel QKV and fc1, row-parallel projection
-    and fc2; heads split over ranks). ``recompute``: ``full`` runs every forward GEMM again,
+    """The GEMMs the busiest TP rank runs for one layer and one micro-batch, forward, backward
+    and recomputed: QKV, attention scores (Q K^T) and values (P V) per head, the projection and
+    the two MLP GEMMs, with Megatron's split (column-parallel QKV and fc1, row-parallel
+    projection and fc2). ``split="whole"``: heads and FFN columns are whole units, so the
+    busiest rank owns ceil(heads / t) heads and ceil(ffn / t) columns; ``"even"``: the work
+    splits evenly (heads / t, fractional). ``recompute``: ``full`` runs every forward GEMM again,
     ``selective`` the two attention GEMMs."""
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}.")
+    if split not in ("whole", "even"):
+        raise ValueError(f"split must be 'whole' or 'even', got {split!r}.")
     t, b, s, h = tp, micro_batch, seq, hidden
     tokens, d = b * s, h // heads
-    local_heads = b * math.ceil(heads / t)
+    mine_heads = math.ceil(heads / t) if split == "whole" else heads / t
+    mine_ffn = math.ceil(ffn / t) if split == "whole" else ffn / t
     forward = [
-        Gemm("qkv", tokens, 3 * h // t, h),
-        Gemm("scores", s, s, d, local_heads),
-        Gemm("values", s, d, s, local_heads),
-        Gemm("proj", tokens, h, h // t),
-        Gemm("fc1", tokens, ffn // t, h),
-        Gemm("fc2", tokens, h, ffn // t),
+        Gemm("qkv", tokens, 3 * mine_heads * d, h),
+        Gemm("scores", s, s, d, b * mine_heads),
+        Gemm("values", s, d, s, b * mine_heads),
+        Gemm("proj", tokens, h, mine_heads * d),
+        Gemm("fc1", tokens, mine_ffn, h),
+        Gemm("fc2", tokens, h, mine_ffn),
     ]
     gemms = list(forward)
     for g in forward:
@@ -148,9 +160,12 @@ def layer_gemms(
     return gemms
 
 
-def logit_gemms(hidden: int, vocab: int, seq: int, micro_batch: int, tp: int) -> list[Gemm]:
+def logit_gemms(
+    hidden: int, vocab: int, seq: int, micro_batch: int, tp: int, split: str = "whole"
+) -> list[Gemm]:
     """The vocabulary-parallel logit layer's GEMM and its two backward GEMMs on one rank."""
-    g = Gemm("logits", micro_batch * seq, math.ceil(vocab / tp), hidden)
+    rows = math.ceil(vocab / tp) if split == "whole" else vocab / tp
+    g = Gemm("logits", micro_batch * seq, rows, hidden)
     return [g, *_backward(g)]
 
 
@@ -167,45 +182,52 @@ def gemm_compute_time(
     recompute: str = "none",
     dtype: str = "bf16",
     logit_share: float = 1.0,
+    split: str = "whole",
 ) -> float:
-    """Seconds of GEMMs for one micro-batch on one rank: ``layers`` layers plus ``logit_share``
-    of the logit layer (1 on the stage that holds it; the cost model spreads it, 1/pp each)."""
-    per_layer = sum(
-        gm.time(g, dtype) for g in layer_gemms(hidden, heads, seq, ffn, micro_batch, tp, recompute)
-    )
-    logits = sum(gm.time(g, dtype) for g in logit_gemms(hidden, vocab, seq, micro_batch, tp))
+    """Seconds of GEMMs for one micro-batch on the busiest rank: ``layers`` layers plus
+    ``logit_share`` of the logit layer (1 on the stage that holds it; the cost model spreads it,
+    1/pp each). ``split``: see ``layer_gemms``."""
+    gemms = layer_gemms(hidden, heads, seq, ffn, micro_batch, tp, recompute, split)
+    per_layer = sum(gm.time(g, dtype) for g in gemms)
+    logit = logit_gemms(hidden, vocab, seq, micro_batch, tp, split)
+    logits = sum(gm.time(g, dtype) for g in logit)
     return layers * per_layer + logit_share * logits
 
 
-def _hopper_ceiling(gpu: DeviceSpec, sms: int) -> float:
-    """The ceiling that makes the model give the measured H200 BF16 8192^3 rate."""
-    probe = GemmModel(gpu, sms, 1.0)
+def _hopper_ceiling() -> float:
+    """The ceiling that makes the model give the measured H200 BF16 8192^3 rate (on the H200's
+    own peak and 132 SMs)."""
+    h200 = SPECS["H200"]
     g = Gemm("probe", 8192, 8192, 8192)
-    return H200_BF16_8192_TFLOPS * 1e12 / (gpu.peak("bf16") * probe.quantization(g))  # type: ignore[operator]
+    quantization = GemmModel(h200, 132, 1.0).quantization(g)
+    return H200_BF16_8192_TFLOPS * 1e12 / (h200.peak("bf16") * quantization)  # type: ignore[operator]
+
+
+_SMS = {"A100": 108, "H100 PCIe": 114, "H100 SXM": 132, "H200": 132, "B200": 148, "GB200": 148}
 
 
 def gemm_model_for(gpu: DeviceSpec, ceiling: float | None = None) -> GemmModel:
-    """The ``GemmModel`` of a datasheet GPU (A100, H100 SXM, H200, B200, GB200): its SM count and
-    a ceiling (``ceiling`` overrides; A100's default is the calibrated one, others use the
-    measured Hopper ceiling, the only one recorded)."""
-    from .validation import A100_GEMM_CEILING
+    """The ``GemmModel`` of a datasheet GPU (A100, H100 SXM/PCIe, H200, B200, GB200): its SM
+    count and a ceiling (``ceiling`` overrides). The A100 gets its calibrated ceiling and tile
+    (``cluster.validation``); every other GPU the ceiling measured on an H200, the only one
+    recorded (an assumption for Blackwell)."""
+    from .validation import A100_GEMM_CEILING, A100_GEMM_TILE
 
     name = gpu.name
-    sms = 108 if name.startswith("A100") else 148 if name.startswith(("B200", "GB200")) else 132
-    if ceiling is None:
-        if name.startswith("A100"):
-            ceiling, source = A100_GEMM_CEILING, "calibrated on cluster.validation's rows"
-        else:
-            ceiling = _hopper_ceiling(gpu, 132)
-            source = "H200 BF16 8192^3 measured at about 790 TFLOP/s (REFERENCE.md)"
-    else:
-        source = "given"
-    return GemmModel(gpu, sms, min(1.0, ceiling), source=source)
+    sms = next((n for key, n in _SMS.items() if name.startswith(key)), None)
+    if sms is None:
+        raise ValueError(f"No SM count for {name!r}; known: {', '.join(_SMS)}.")
+    if name.startswith("A100"):
+        value = A100_GEMM_CEILING if ceiling is None else ceiling
+        return GemmModel(gpu, sms, value, *A100_GEMM_TILE, source="A100: calibrated")
+    value = _hopper_ceiling() if ceiling is None else ceiling
+    return GemmModel(gpu, sms, value, source="ceiling measured on an H200 (REFERENCE.md)")
 
 
 GEMM_MODELS: dict[str, str] = {
     "A100": "108 SMs (NVIDIA A100 whitepaper); ceiling calibrated (cluster.validation)",
     "H100 SXM": "132 SMs (NVIDIA H100 whitepaper, SXM5); ceiling from the H200 measurement",
+    "H100 PCIe": "114 SMs (NVIDIA H100 whitepaper); ceiling from the H200 measurement",
     "H200": "132 SMs (same GH100 die as H100 SXM); ceiling measured on an H200",
     "B200": "148 SMs; ceiling assumed equal to Hopper's (no Blackwell measurement recorded)",
 }

@@ -36,6 +36,7 @@ from .cost_terms import (
     tp_layer_time,
     training_flops,
 )
+from .gemm_model import GemmModel, gemm_compute_time
 from .plan_options import option_table
 from .specs import ClusterSpec, ModelSpec, ParallelConfig
 
@@ -125,6 +126,8 @@ class TrainingJob:
     one_reduced_tp: bool = False
     power: PowerBoost = field(default_factory=PowerBoost)
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    # GEMM time from the shape (cluster.gemm_model) in place of compute_efficiency, if given
+    gemm: GemmModel | None = None
     shard_split: str = "whole"
     # Step times and option tables, computed on first use (the job is immutable, so they hold).
     _cache: dict[tuple[Any, ...], Any] = field(
@@ -219,7 +222,9 @@ class TrainingJob:
         """Seconds per micro-batch of the busiest stage of a TP-``tp`` replica boosted ``speed``
         times: ``compute``, ``memory_bound`` and ``tp_comm`` (divided by the speed-up) and
         ``pp_p2p`` (over the scale-out network: not). With ``shard_split="whole"`` the busiest
-        rank owns whole heads and FFN columns; with ``"even"`` every rank does 1/tp."""
+        rank owns whole heads and FFN columns; with ``"even"`` every rank does 1/tp. With a
+        ``gemm`` model, ``compute`` times each of that rank's GEMMs from its shape instead of
+        dividing FLOPs by ``compute_efficiency`` x peak."""
         m, par = self.model, dataclasses.replace(self.par, tp=tp)
         layers = math.ceil(m.layers / par.pp)  # the busiest stage
         peak = self.cluster.gpu.peak(par.dtype) * self.compute_efficiency  # type: ignore[operator]
@@ -227,6 +232,22 @@ class TrainingJob:
         whole = self.shard_split == "whole"
         imbalance = _shard_imbalance(m, tp, par.recompute) if whole else 1.0
         compute = flops * imbalance / (tp * par.pp * peak)
+        if self.gemm is not None:  # every GEMM of the busiest rank timed from its shape
+            compute = gemm_compute_time(
+                self.gemm,
+                m.hidden,
+                m.heads,
+                m.seq,
+                m.ffn_width,
+                m.vocab,
+                layers,
+                par.micro_batch,
+                tp,
+                par.recompute,
+                par.dtype,
+                logit_share=layers / m.layers,
+                split=self.shard_split,
+            )
         other, attention = activation_parts(m, par.micro_batch, tp, par.sequence_parallel)
         if whole:
             attention *= math.ceil(m.heads / tp) * tp / m.heads
