@@ -12,6 +12,7 @@ checkpoint path (``te_state``) keeps no extra state for the stateless recipes, a
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import sys
 import types
 from collections.abc import Callable
@@ -22,12 +23,13 @@ import torch
 from conftest import TE_VERSIONS
 from torch import nn
 
-from tutorial_lib.checkpoint import load_model_state_dict, model_state_dict
+from tutorial_lib.checkpoint import CheckpointError, load_model_state_dict, model_state_dict
 from tutorial_lib.fp8.te_contract import (
     TE_RECIPE_FIELDS,
     TE_RECIPE_POWER_2_FLAGS,
     TE_RECIPE_QPARAMS,
 )
+from tutorial_lib.fp8.te_pickle import read_te_pickle, stateless_te_pickle
 from tutorial_lib.fp8.te_policy import (
     TE_RECIPE_SHORT_NAMES,
     make_te_policy,
@@ -164,3 +166,55 @@ def test_checkpoints_keep_no_state_for_stateless_recipes(
     state = model_state_dict(model)
     assert state["0._extra_state"].numel() == 0
     load_model_state_dict(nn.Sequential(_TEModule(te_recipe_by_name(short))), state)
+
+
+def _te29_extra_state(recipe: object, **tensors: torch.Tensor) -> torch.Tensor:
+    """What TE 2.9's ``get_extra_state`` saves: the pickled recipe and fp8_meta's plain values
+    (and, for delayed scaling only, the scales and histories)."""
+    state = {"recipe": recipe, **tensors, "extra_fp8_variables": {"num_gemms": 1, "x": [1, "a"]}}
+    return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("short", [s for s in TE_RECIPE_SHORT_NAMES if s != "delayed"])
+def test_te29_pickles_of_stateless_recipes_load_safely(
+    te_recipes: types.ModuleType, short: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TE 2.9 checkpoint of a stateless recipe holds a pickle with nothing to restore: it is
+    read with an allow-list (TE's recipe classes as inert stand-ins) and loads as empty state,
+    with TE's unsafe-pickle opt-in unset."""
+    monkeypatch.delenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", raising=False)
+    recipe = te_recipe_by_name(short)
+    blob = _te29_extra_state(recipe)
+    assert stateless_te_pickle(blob) == type(recipe).__name__
+    content = read_te_pickle(blob)
+    assert content["extra_fp8_variables"] == {"num_gemms": 1, "x": [1, "a"]}
+    fmt = getattr(recipe, "fp8_format", None) or getattr(recipe, "fp4_format", None)
+    saved = vars(content["recipe"])
+    assert fmt.name in (saved.get("fp8_format"), saved.get("fp4_format"))  # Format by name
+    state = {**nn.Sequential(_TEModule(recipe)).state_dict(), "0._extra_state": blob}
+    load_model_state_dict(nn.Sequential(_TEModule(recipe)), state)  # no CheckpointError
+
+
+class _Payload:
+    calls: list[str] = []
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Payload.calls.append, ("ran",))
+
+
+def test_te_pickles_with_anything_else_are_refused(
+    te_recipes: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", raising=False)
+    delayed = _te29_extra_state(te_recipe_by_name("delayed"), scale_fwd=torch.ones(3))
+    assert stateless_te_pickle(delayed) is None  # tensors: torch's rebuilders are not allowed
+    with pytest.raises(pickle.UnpicklingError, match="refused global"):
+        read_te_pickle(delayed)
+    evil = _te29_extra_state(te_recipe_by_name("current"), payload=_Payload())  # type: ignore[arg-type]
+    with pytest.raises(pickle.UnpicklingError, match="refused global"):
+        read_te_pickle(evil)
+    assert stateless_te_pickle(evil) is None and _Payload.calls == []  # nothing ran
+    model = nn.Sequential(_TEModule(te_recipe_by_name("current")))
+    state = {**model.state_dict(), "0._extra_state": delayed}
+    with pytest.raises(CheckpointError, match="pickled FP8 state"):
+        load_model_state_dict(model, state)

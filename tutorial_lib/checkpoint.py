@@ -121,10 +121,14 @@ def load_model_state_dict(model: torch.nn.Module, state: dict[str, Any]) -> None
     TE's own pickled form (a non-empty uint8 tensor, e.g. from ``torch.save(model.state_dict())``)
     is refused with ``CheckpointError`` before anything is loaded, unless
     ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1`` is set; then it goes to TE's ``set_extra_state``.
+    The one exception is TE 2.9's pickle of a stateless recipe (current, block, MXFP8, NVFP4),
+    which holds no state: it is read with an allow-listing unpickler (``fp8.te_pickle``) and
+    loads as the empty state TE 2.20 would have saved.
     """
     if not any(key.endswith("_extra_state") for key in state):
         model.load_state_dict(state)
         return
+    from .fp8.te_pickle import stateless_te_pickle
     from .fp8.te_state import (
         TE_UNSAFE_PICKLE_ENV,
         check_te_extra_state,
@@ -133,6 +137,10 @@ def load_model_state_dict(model: torch.nn.Module, state: dict[str, Any]) -> None
     )
 
     te = {k: m for k, m in te_extra_state_modules(model).items() if k in state}
+    state = dict(state)
+    for key in te:  # TE 2.9 pickles stateless recipes too: read safely, nothing to restore
+        if _is_pickled_te_state(state[key]) and stateless_te_pickle(state[key]) is not None:
+            state[key] = torch.empty(0, dtype=torch.uint8)
     pickled = [k for k in te if _is_pickled_te_state(state[k])]
     if pickled and os.environ.get(TE_UNSAFE_PICKLE_ENV) != "1":
         raise CheckpointError(
