@@ -12,6 +12,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+# test_planner's toy job: 64 GPUs in domains of 8, 16 TP groups of 4, replicas of 2 stages.
+from test_planner import JOB, MODEL  # noqa: E402
+
 from tutorial_lib.cluster import reproduce
 from tutorial_lib.cluster.failures import FailureModel, FailureTrace, Recovery, simulate_trace
 from tutorial_lib.cluster.goodput import (
@@ -29,24 +32,7 @@ from tutorial_lib.cluster.plan_options import PLAN_POLICIES
 from tutorial_lib.cluster.plans import plan_cluster
 from tutorial_lib.cluster.replica_cost import TrainingJob
 from tutorial_lib.cluster.report import format_report
-from tutorial_lib.cluster.specs import ClusterSpec, ModelSpec, ParallelConfig
-from tutorial_lib.hardware import SPECS
 
-# test_planner's toy job: 64 GPUs in domains of 8, 16 TP groups of 4, replicas of 2 stages.
-MODEL = ModelSpec(layers=8, hidden=768, heads=12, vocab=5000, seq=2048)
-TOY = ClusterSpec(
-    name="toy",
-    gpu=SPECS["H100 SXM"],
-    n_gpus=64,
-    domain_size=8,
-    nvlink_bandwidth=450e9,
-    scaleout_bandwidth=50e9,
-)
-JOB = TrainingJob(
-    model=MODEL,
-    cluster=TOY,
-    par=ParallelConfig(tp=4, pp=2, dp=8, global_batch=32, overlap_dp_comm=True),
-)
 CKPT = MODEL.params() * 14.0  # bytes of a checkpoint at the default 14 bytes per parameter
 # Downtime 540 + 270 + 90 = 900 s = 0.25 h; a checkpoint write takes 360 s = 0.1 h.
 HAND = RestartCost(

@@ -28,8 +28,8 @@ import numpy as np
 from ..checks import check_positive_int
 from .monte_carlo import throughput_samples
 from .plan_options import PLAN_POLICIES
-from .replica_cost import PAPER_CLUSTER, TrainingJob
-from .specs import _BLACKWELL_NCCL, CLUSTERS, ModelSpec, ParallelConfig, check_config
+from .replica_cost import PAPER_CLUSTER, TrainingJob, paper_parallel
+from .specs import _BLACKWELL_NCCL, CLUSTERS, ModelSpec, check_config
 
 __all__ = ["DOMAIN_MODEL", "DOMAIN_SETUPS", "domain_jobs", "domain_comparison"]
 
@@ -58,17 +58,7 @@ def domain_jobs(shard_split: str = "whole") -> dict[str, TrainingJob]:
             base = CLUSTERS[name]
         cluster = dataclasses.replace(base, n_gpus=domains * base.domain_size)
         dp = cluster.n_gpus // (tp * pp)
-        par = ParallelConfig(
-            tp=tp,
-            pp=pp,
-            dp=dp,
-            micro_batch=1,
-            global_batch=LOCAL_BATCH * dp,
-            sequence_parallel=True,
-            recompute="selective",
-            overlap_dp_comm=True,
-            distributed_optimizer=True,
-        )
+        par = paper_parallel(tp, pp, dp, LOCAL_BATCH)
         check_config(DOMAIN_MODEL, cluster, par)
         jobs[name] = TrainingJob(
             model=DOMAIN_MODEL,

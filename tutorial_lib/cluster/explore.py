@@ -30,8 +30,7 @@ from .failures import random_failures
 from .monte_carlo import throughput_samples
 from .plan_options import PLAN_POLICIES
 from .plans import ClusterPlan, plan_cluster
-from .replica_cost import PAPER_CLUSTER, PAPER_MODEL, TrainingJob
-from .specs import ParallelConfig
+from .replica_cost import PAPER_CLUSTER, PAPER_MODEL, TrainingJob, paper_parallel
 
 __all__ = ["explore_job", "explore_plan", "plan_explorer", "summary_html"]
 
@@ -76,17 +75,7 @@ def explore_job(
         n_gpus=n_gpus,
         domain_size=domain_size,
     )
-    par = ParallelConfig(
-        tp=tp,
-        pp=pp,
-        dp=dp,
-        micro_batch=1,
-        global_batch=local_batch * dp,
-        sequence_parallel=True,
-        recompute="selective",
-        overlap_dp_comm=True,
-        distributed_optimizer=True,
-    )
+    par = paper_parallel(tp, pp, dp, local_batch)
     return TrainingJob(
         model=PAPER_MODEL, cluster=cluster, par=par, reduced_tps=_reduced_degrees(tp)
     )

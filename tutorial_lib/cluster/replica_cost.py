@@ -175,17 +175,7 @@ class TrainingJob:
         (here PP 8, micro-batch 1), degraded replicas at TP 30 or 28. Assumed (the paper does not
         say): BF16, sequence parallelism, selective recomputation, overlapped DP all-reduce,
         distributed optimizer, vocabulary 51,200."""
-        par = ParallelConfig(
-            tp=32,
-            pp=8,
-            dp=128,
-            micro_batch=1,
-            global_batch=1024,
-            sequence_parallel=True,
-            recompute="selective",
-            overlap_dp_comm=True,
-            distributed_optimizer=True,
-        )
+        par = paper_parallel(tp=32, pp=8, dp=128, local_batch=8)
         args = {"model": PAPER_MODEL, "cluster": PAPER_CLUSTER, "par": par, "reduced_tps": (30, 28)}
         return cls(**{**args, **kwargs})  # type: ignore[arg-type]
 
@@ -329,6 +319,23 @@ class TrainingJob:
         ``tp`` (0: cannot run), ``batch``, ``speed``, ``time`` (own step time without DP). Built
         by ``plan_options.option_table``."""
         return option_table(self, core, policy)
+
+
+def paper_parallel(tp: int, pp: int, dp: int, local_batch: int) -> ParallelConfig:
+    """A split with the NTP paper's assumptions (``TrainingJob.paper``): micro-batch 1,
+    ``local_batch`` sequences per replica, sequence parallelism, selective recomputation, an
+    overlapped DP all-reduce and a distributed optimizer."""
+    return ParallelConfig(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        micro_batch=1,
+        global_batch=local_batch * dp,
+        sequence_parallel=True,
+        recompute="selective",
+        overlap_dp_comm=True,
+        distributed_optimizer=True,
+    )
 
 
 def _shard_imbalance(model: ModelSpec, tp: int, recompute: str) -> float:
