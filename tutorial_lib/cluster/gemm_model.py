@@ -14,7 +14,10 @@ Beyond those, a large well-shaped GEMM still reaches only a ``ceiling`` fraction
 under load, the main loop's prologue and epilogue, instruction issue). The ceiling is per GPU and
 sourced: on Hopper, the BF16 8192^3 GEMM measured once on an H200 (about 790 TFLOP/s, REFERENCE.md)
 divided by this model's own tile and wave factors for that shape; on the A100, fitted to the
-declared calibration rows of ``cluster.validation`` (one parameter).
+declared calibration rows of ``cluster.validation`` (one parameter). The two are not the same
+kind of number: the A100's is fitted to whole training steps (0.695), so it absorbs what the
+cost model leaves out, while Hopper's (0.823) is one GEMM alone, an upper bound for a step. No
+Hopper end-to-end run is recorded to fit it; Blackwell reuses Hopper's.
 
 ``GemmModel.time(m, n, k, batch)`` is the time of one (batched) GEMM; ``layer_gemms`` lists the
 GEMMs of one transformer layer on one TP rank (forward, backward and recomputed), and
