@@ -18,9 +18,9 @@ from tutorial_lib.fp8 import (
     FP8Linear,
     MMParams,
     autocast,
+    delayed_linear,
     emulated_gemm,
     gemm,
-    linear,
     quantize,
     scaled_gemm,
 )
@@ -51,7 +51,7 @@ def _spy_gemms(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], b
         seen.append((tuple(out.shape), bound.arguments["use_fast_accum"]))
         return out
 
-    monkeypatch.setattr(linear, "scaled_gemm", spy)
+    monkeypatch.setattr(delayed_linear, "scaled_gemm", spy)
     return seen
 
 

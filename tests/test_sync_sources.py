@@ -27,12 +27,18 @@ CORE = {
     "02": ["tutorial_lib.perf:benchmark"],
     "03": ["tutorial_lib.precision:PrecisionPolicy"],
     "04": ["tutorial_lib.fp8.formats:quantize"],
-    "05": ["tutorial_lib.fp8.scaling:update_amax_and_scale", "tutorial_lib.fp8.linear:_FP8Linear"],
+    "05": [
+        "tutorial_lib.fp8.scaling:update_amax_and_scale",
+        "tutorial_lib.fp8.delayed_linear:_FP8Linear",
+    ],
     "06": ["tutorial_lib.fp8.recipe_linear:RecipeLinearFunction", "tutorial_lib.fp8.recipes:NVFP4"],
     "07": ["tutorial_lib.kernels.bias_gelu:_bias_gelu_fwd_kernel"],
     "08": ["tutorial_lib.bench.ladder:ladder_rungs"],
     "09": ["tutorial_lib.parallel.dp:local_rows", "tutorial_lib.parallel.dp:shard_with_fsdp"],
-    "10": ["tutorial_lib.parallel.tp:ColumnParallelLinear", "tutorial_lib.parallel.tp:RowParallel"],
+    "10": [
+        "tutorial_lib.parallel.tp_linear:ColumnParallelLinear",
+        "tutorial_lib.parallel.tp_linear:RowParallel",
+    ],
     "11": ["tutorial_lib.cluster.plans:plan_cluster"],
 }
 

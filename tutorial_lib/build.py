@@ -34,7 +34,7 @@ from .model import GPT
 from .precision import PrecisionPolicy, get_policy
 
 if TYPE_CHECKING:  # for annotations only: build_model calls tp.apply, never imports parallel/
-    from .parallel.tp import TPSpec
+    from .parallel.tp_model import TPSpec
 
 __all__ = ["ModelRecipe", "build_model", "recipe_of"]
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..parallel.shard import UnitSpec, split_evenly
-from ..parallel.tp import ColumnParallelLinear
+from ..parallel.tp_linear import ColumnParallelLinear
 from .base import Case, Exercise
 
 STUB = '''\

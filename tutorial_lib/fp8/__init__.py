@@ -4,8 +4,9 @@ Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (th
 ``DelayedScaling`` recipe, per-module state, the update rule, amax reduction), ``stats``
 (quantization statistics and capture of a model's GEMM operands), ``gemm`` (``scaled_gemm``:
 ``torch._scaled_mm`` on FP8 GPUs, ``emulated_gemm``, an FP32 emulation, elsewhere),
-``linear`` (``FP8Linear``), ``convert`` (``convert_to_fp8``), ``recipes`` (the recipes other
-than delayed scaling, by TE's names, and where each runs natively), ``quantizers`` (one
+``linear`` (``FP8Linear``), ``delayed_linear`` (its delayed-scaling state and GEMMs),
+``convert`` (``convert_to_fp8``), ``recipes`` (the recipes other than delayed scaling, by TE's
+names, and where each runs natively), ``quantizers`` (one
 quantizer per recipe and operand), ``recipe_linear`` (``FP8Linear``'s GEMMs under those
 recipes), ``autocast`` (the FP8 region, named and behaving like
 ``transformer_engine.pytorch.autocast``), ``recompute`` (``checkpoint``: activation

@@ -31,7 +31,8 @@ __all__ = [
 ]
 
 # Tensor parallelism on torch.distributed: Megatron's operators (comm), the column/row-parallel
-# layers and model (tp), starting processes with spawn or torchrun (launch), spawned workers.
+# layers and model (tp, which re-exports tp_linear, tp_model and tp_checkpoint), starting
+# processes with spawn or torchrun (launch), spawned workers.
 from .comm import (
     CopyToTensorParallel,
     GatherFromSequenceParallel,

@@ -58,7 +58,7 @@ from ..config import GPTConfig
 from ..train import Trainer, keep_implementation
 from .dp import keep_lazy_state, on_rank0
 from .shard import ShardMap, global_index, unit_specs
-from .tp import _spec_of, _units
+from .tp_model import _spec_of, _units
 
 __all__ = [
     "SafeFileSystemReader",

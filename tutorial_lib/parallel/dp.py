@@ -50,7 +50,8 @@ from ..model import GPT
 from ..train import TrainConfig, Trainer, keep_implementation, save_checkpoint
 from .comm import Group, group_rank, on_rank0, on_rank0_2d
 from .compose import check_composition
-from .tp import TPSpec, gather_checkpoint, shard_checkpoint, tp_clip_grad_norm_
+from .tp_checkpoint import gather_checkpoint, shard_checkpoint
+from .tp_model import TPSpec, tp_clip_grad_norm_
 
 __all__ = [
     "DP_MODES",

@@ -22,7 +22,7 @@ from .dcp import load_sharded, save_sharded
 from .dp import DPTrainer, memory_per_rank, on_rank0
 from .mesh import groups_2d
 from .shard import ShardMap
-from .tp import TPSpec
+from .tp_model import TPSpec
 
 __all__ = [
     "DPRun",

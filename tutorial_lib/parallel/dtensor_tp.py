@@ -143,7 +143,7 @@ def compare_with_megatron(
 
     from ..config import GPTConfig
     from .shard import ShardMap
-    from .tp import parallelize
+    from .tp_model import parallelize
 
     assert isinstance(cfg, GPTConfig)
     tp = torch.distributed.get_world_size(group)

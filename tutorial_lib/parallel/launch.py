@@ -38,7 +38,8 @@ from ..train import TrainConfig, Trainer, save_checkpoint
 from .comm import Group, group_rank, on_rank0
 from .compose import check_composition
 from .shard import ShardMap
-from .tp import gather_checkpoint, shard_checkpoint, tp_clip_grad_norm_
+from .tp_checkpoint import gather_checkpoint, shard_checkpoint
+from .tp_model import tp_clip_grad_norm_
 
 __all__ = [
     "SpawnError",

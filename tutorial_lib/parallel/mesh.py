@@ -31,7 +31,7 @@ from .comm import Group
 from .dp import DPTrainer, local_rows
 from .launch import TPTrainer, join_torchrun
 from .shard import ShardMap
-from .tp import TPSpec
+from .tp_model import TPSpec
 
 __all__ = ["check_layout", "groups_2d", "mesh_groups", "parallel_trainer"]
 

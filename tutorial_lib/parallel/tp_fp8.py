@@ -36,7 +36,7 @@ from torch import nn
 from ..fp8.linear import FP8Linear
 from .comm import Group
 from .shard import UnitSpec
-from .tp import ColumnParallelLinear, RowParallelLinear, column_input, row_bias, row_output
+from .tp_linear import ColumnParallelLinear, RowParallelLinear, column_input, row_bias, row_output
 
 __all__ = ["FP8ColumnParallelLinear", "FP8RowParallelLinear", "fp8_parallel_linear"]
 

@@ -25,7 +25,9 @@ from . import comm
 from .comm import Group, group_rank, group_size
 from .launch import TPTrainer
 from .shard import ShardMap, UnitSpec, global_index
-from .tp import ColumnParallelLinear, RowParallelLinear, gather_full, parallelize
+from .tp_checkpoint import gather_full
+from .tp_linear import ColumnParallelLinear, RowParallelLinear
+from .tp_model import parallelize
 
 __all__ = [
     "run_jobs",

@@ -1,0 +1,365 @@
+"""The tensor-parallel model: the ``TPLayers`` factory (with its sequence-parallel LayerNorm
+and its Triton variant, ``tp_layers``), ``TPGPT``, ``parallelize`` and ``TPSpec`` (a full model
+cut into this rank's shards by ``shard_state_dict``), and ``tp_clip_grad_norm_`` (the norm of the
+full gradient over every rank's shards). The overview is ``parallel.tp``'s docstring.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import GPTConfig
+from ..layers import LINEAR_ROLES, TorchLayers
+from ..model import GPT
+from .comm import Group, copy_to_tp, gather_from_sp, group_rank, group_size, split_to_sp
+from .shard import VOCAB_SPEC, ShardMap, UnitSpec, global_index, unit_specs
+from .tp_linear import ColumnParallelLinear, RowParallelLinear
+from .vocab import gather_vocab, vocab_parallel_cross_entropy, vocab_parallel_embedding
+
+__all__ = [
+    "TPSpec",
+    "TPLayers",
+    "TPGPT",
+    "SequenceParallelLayerNorm",
+    "check_tp_setup",
+    "shard_state_dict",
+    "parallelize",
+    "tp_layers",
+    "tp_clip_grad_norm_",
+]
+
+COLUMN_ROLES = ("attn.qkv", "mlp.fc")  # output features split: weight rows, bias
+ROW_ROLES = ("attn.proj", "mlp.proj")  # input features split: weight columns; bias replicated
+
+
+def check_tp_setup(cfg: GPTConfig, group: Group, shard_map: ShardMap, rank: int | None) -> int:
+    """Validate a TP setup and return this process's TP rank (raises ``ValueError``)."""
+    shard_map.check_model(cfg)
+    if cfg.dropout > 0 and shard_map.tp > 1:
+        raise ValueError(
+            f"dropout={cfg.dropout} under tensor parallelism is not supported: ranks would need "
+            "Megatron's RNG tracker (same masks on replicated activations, different ones per "
+            "head). Train with dropout=0.0."
+        )
+    n = group_size(group)
+    if n != shard_map.tp:
+        what = "is None (one rank)" if group is None else f"has {n} ranks"
+        raise ValueError(
+            f"The process group {what} but the shard map {shard_map.tp}; build the map for the "
+            f"group's size (ShardMap.even(cfg, {n})) or pass a group with {shard_map.tp} ranks."
+        )
+    if rank is None:
+        rank = group_rank(group)
+    if not 0 <= rank < shard_map.tp:
+        raise ValueError(f"TP rank {rank} is out of range for TP degree {shard_map.tp}.")
+    if group is not None and rank != group_rank(group):
+        raise ValueError(
+            f"rank={rank} was given, but this process is rank {group_rank(group)} of the group; "
+            "leave rank=None to use the group's."
+        )
+    return rank
+
+
+def _units(shard_map: ShardMap, spec: UnitSpec, rank: int) -> tuple[tuple[int, ...], int]:
+    """The units of ``rank`` on ``spec``'s axis, and that axis's total."""
+    if spec.axis == "heads":
+        return shard_map.heads[rank], shard_map.n_head
+    if spec.axis == "vocab" and shard_map.vocab is not None:
+        return shard_map.vocab[rank], shard_map.vocab_size
+    return shard_map.ffn[rank], shard_map.ffn_size
+
+
+class TPLayers(TorchLayers):
+    """Layer factory: column-parallel ``attn.qkv``/``mlp.fc``, row-parallel ``attn.proj``/
+    ``mlp.proj``, all cut by ``shard_map`` for ``rank``; LayerNorm, GELU and loss as TorchLayers.
+
+    Every Block uses the same map, so the factory needs no per-block state.
+    """
+
+    def __init__(
+        self,
+        cfg: GPTConfig,
+        group: Group,
+        shard_map: ShardMap,
+        rank: int | None = None,
+        sequence_parallel: bool = False,
+    ) -> None:
+        self.rank = check_tp_setup(cfg, group, shard_map, rank)
+        self.cfg, self.group, self.shard_map = cfg, group, shard_map
+        self.sequence_parallel = sequence_parallel
+        self.specs = unit_specs(cfg)
+
+    def linear(self, in_features: int, out_features: int, bias: bool, role: str) -> nn.Module:
+        if role not in LINEAR_ROLES:
+            raise ValueError(f"Unknown linear role {role!r}; expected one of {LINEAR_ROLES}.")
+        spec = self.specs[f"{role}.weight"]
+        units, total = _units(self.shard_map, spec, self.rank)
+        cls = ColumnParallelLinear if role in COLUMN_ROLES else RowParallelLinear
+        sp = self.sequence_parallel
+        return cls(in_features, out_features, bias, self.group, spec, units, total, sp)
+
+    def layernorm(self, features: int, bias: bool) -> nn.Module:
+        if not self.sequence_parallel:
+            return super().layernorm(features, bias)
+        norm = SequenceParallelLayerNorm(features, bias=bias)
+        norm.group = self.group
+        return norm
+
+
+class SequenceParallelLayerNorm(nn.LayerNorm):
+    """LayerNorm on a sequence slice. Each rank normalizes only its tokens, so its gains get
+    only their part of the gradient; reading them through ``f`` (identity forward, all-reduce
+    backward) sums the parts over the TP ranks inside the backward (Megatron all-reduces the
+    same gradients after it)."""
+
+    group: Group = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = _through_f(self.weight, self.group), _through_f(self.bias, self.group)
+        return F.layer_norm(x, self.normalized_shape, w, b, self.eps)
+
+
+def _through_f(p: torch.Tensor | None, group: Group) -> torch.Tensor | None:
+    return None if p is None else copy_to_tp(p, group)
+
+
+@functools.cache
+def _fused_tp_layers() -> type[TPLayers]:
+    """``TPLayers`` whose LayerNorms, blocks, GELU and loss are ``TritonLayers``' (deferred: the
+    kernels import Triton). ``fold_fc_bias`` is off: ``BiasGELUMLP`` would call ``fc``'s weight
+    directly and skip the column-parallel layer's forward (its ``f``)."""
+    from ..kernels import fused
+
+    class SequenceParallelTritonLayerNorm(fused.TritonLayerNorm):
+        """The Triton LayerNorm on a sequence slice, gains through ``f`` (as
+        ``SequenceParallelLayerNorm``)."""
+
+        group: Group = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self._check()
+            w, b = _through_f(self.weight, self.group), _through_f(self.bias, self.group)
+            return fused.layer_norm(x, w, b, self.eps)
+
+        def add_forward(
+            self, x: torch.Tensor, a: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            self._check()
+            w, b = _through_f(self.weight, self.group), _through_f(self.bias, self.group)
+            return fused.add_layer_norm(x, a, w, b, self.eps)
+
+    class FusedTPLayers(TPLayers, fused.TritonLayers):
+        fold_fc_bias = False
+
+        def layernorm(self, features: int, bias: bool) -> nn.Module:
+            if not self.sequence_parallel:
+                return fused.TritonLayers.layernorm(self, features, bias)
+            norm = SequenceParallelTritonLayerNorm(features, eps=1e-5, bias=bias)
+            norm.group = self.group
+            return norm
+
+    return FusedTPLayers
+
+
+def tp_layers(
+    cfg: GPTConfig,
+    group: Group,
+    shard_map: ShardMap,
+    rank: int | None = None,
+    fused: bool = False,
+    sequence_parallel: bool = False,
+) -> TPLayers:
+    """The layer factory of a tensor-parallel model: ``TPLayers``, or with ``fused`` the same
+    parallel Linear layers among the Triton kernels of ``kernels.TritonLayers``."""
+    cls = _fused_tp_layers() if fused else TPLayers
+    return cls(cfg, group, shard_map, rank, sequence_parallel)
+
+
+class TPGPT(GPT):
+    """The GPT of one TP rank: its blocks from ``TPLayers``, and the two options that reach
+    outside the blocks.
+
+    sequence parallelism (``layers.sequence_parallel``): the embeddings are cut along the
+        sequence (``split_to_sp``); between the parallel layers every rank holds B x T/t tokens
+        (LayerNorms, residual adds: 1/t of the activations); the final LayerNorm's output is
+        gathered for the LM head. T must divide by t.
+    vocabulary parallelism (``shard_map.vocab``): ``tok_emb.weight`` holds this rank's rows;
+        the embedding, the tied head and the loss are ``parallel.vocab``'s, and no rank ever
+        holds the (B x T, V) logits while training. Without ``targets`` the logits are gathered
+        (generation wants the whole distribution).
+    """
+
+    def __init__(self, cfg: GPTConfig, layers: TPLayers) -> None:
+        super().__init__(cfg, layers)
+        self.group, self.shard_map, self.tp_rank = layers.group, layers.shard_map, layers.rank
+        self.sequence_parallel = layers.sequence_parallel
+        self.vocab_start = 0
+        if self.shard_map.vocab is not None:
+            self.vocab_start, end = self.shard_map.vocab_range(self.tp_rank)
+            self.tok_emb = nn.Embedding(end - self.vocab_start, cfg.n_embd)
+            nn.init.normal_(self.tok_emb.weight, mean=0.0, std=0.02)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T = idx.shape
+        if T > self.config.block_size:
+            return super().forward(idx, targets)  # its error names the fix
+        vocab, sp, group = self.shard_map.vocab is not None, self.sequence_parallel, self.group
+        keep = T
+        if sp and targets is None and T % group_size(group):
+            # generation grows T one token at a time: pad the end so the sequence splits evenly
+            # (causal attention: the padding changes nothing before it; cropped below)
+            idx = F.pad(idx, (0, (-T) % group_size(group)))
+            T = idx.shape[1]
+        last = self.config.block_size - 1  # padded positions past the block reuse the last one
+        pos = self.pos_emb(torch.arange(T, device=idx.device).clamp(max=last))
+        if vocab:
+            tok = vocab_parallel_embedding(idx, self.tok_emb.weight, self.vocab_start, group)
+        else:
+            tok = self.tok_emb(idx)
+        x = self.drop(tok + pos)  # (B, T, C), replicated
+        if sp:
+            x = split_to_sp(x, group, dim=1)  # (B, T/t, C)
+        for block in self.blocks:
+            x = block(x)
+        h = self.ln_f(x)
+        if sp:  # the head needs every token; its gradient is partial (vocab) or replicated
+            h = gather_from_sp(h, group, dim=1, partial_grad=vocab)
+        elif vocab:
+            h = copy_to_tp(h, group)
+        logits = F.linear(h, self.tok_emb.weight)  # (B, T, V) or (B, T, this rank's V)
+        loss = None
+        if targets is not None:
+            flat, y = logits.view(B * T, -1), targets.reshape(B * T)
+            if vocab:
+                loss = vocab_parallel_cross_entropy(flat, y, self.vocab_start, group)
+            else:
+                loss = self.loss_fn(flat, y)
+        elif vocab:
+            sizes = [len(v) for v in self.shard_map.vocab or ()]
+            logits = gather_vocab(logits, sizes, group)
+        return (logits if keep == T else logits[:, :keep]), loss  # no view when unpadded
+
+
+def _spec_of(
+    name: str, specs: Mapping[str, UnitSpec], shard_map: ShardMap | None = None
+) -> UnitSpec | None:
+    """The UnitSpec of a model parameter name ("blocks.3.attn.qkv.weight"), None if replicated
+    (the token embedding is sharded when ``shard_map`` splits the vocabulary)."""
+    if name == "tok_emb.weight" and shard_map is not None and shard_map.vocab is not None:
+        return VOCAB_SPEC
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blocks":
+        return specs.get(parts[2])
+    return None
+
+
+def shard_state_dict(
+    full: Mapping[str, torch.Tensor], cfg: GPTConfig, shard_map: ShardMap, rank: int
+) -> dict[str, torch.Tensor]:
+    """This rank's slice of a full (single-process) state dict; replicated entries as they are."""
+    shard_map.check_model(cfg)
+    specs = unit_specs(cfg)
+    out = {}
+    for name, tensor in full.items():
+        spec = _spec_of(name, specs, shard_map)
+        if spec is None:
+            out[name] = tensor
+        else:
+            units, total = _units(shard_map, spec, rank)
+            index = global_index(spec, units, total).to(tensor.device)
+            out[name] = tensor.index_select(spec.dim, index)
+    return out
+
+
+def parallelize(
+    model: GPT,
+    group: Group,
+    shard_map: ShardMap,
+    rank: int | None = None,
+    fused: bool = False,
+    sequence_parallel: bool = False,
+) -> GPT:
+    """A tensor-parallel copy of ``model`` holding this rank's shards (on the model's device), a
+    ``TPGPT``; ``fused``: with the Triton kernels around the parallel layers (``tp_layers``);
+    ``sequence_parallel``: the blocks' LayerNorms and residuals on sequence slices; a map that
+    splits the vocabulary (``ShardMap.with_vocab``) makes the embedding, head and loss
+    vocabulary-parallel.
+
+    Every rank must pass the same full weights (same seed, or a loaded checkpoint).
+    """
+    cfg = model.config
+    layers = tp_layers(cfg, group, shard_map, rank, fused, sequence_parallel)
+    tp_model = TPGPT(cfg, layers).to(model.tok_emb.weight.device)
+    tp_model.load_state_dict(shard_state_dict(model.state_dict(), cfg, shard_map, layers.rank))
+    return tp_model
+
+
+@dataclass(frozen=True)
+class TPSpec:
+    """Tensor parallelism for ``build_model(..., tp=TPSpec(group, shard_map))`` (its step 3)."""
+
+    group: Group
+    shard_map: ShardMap
+    rank: int | None = None  # the rank within ``group``; None: ask the group
+    sequence_parallel: bool = False
+
+    @property
+    def degree(self) -> int:
+        return self.shard_map.tp
+
+    def apply(self, model: GPT, fused: bool = False, precision: str = "fp32") -> GPT:
+        """This rank's tensor-parallel copy of the full ``model`` (``parallelize``), for a run in
+        ``precision`` (refused with the reason where it does not compose: ``compose``)."""
+        from .compose import check_composition
+
+        check_composition(precision, tp=True, fsdp=False)
+        sp = self.sequence_parallel
+        return parallelize(model, self.group, self.shard_map, self.rank, fused, sp)
+
+
+@torch.no_grad()
+def tp_clip_grad_norm_(
+    tp_model: GPT, max_norm: float, group: Group, fsdp_group: Group | None = None
+) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for a tensor-parallel model: the norm of the *full*
+    gradient, the same on every rank (so every rank clips by the same factor).
+
+    Sharded gradients: sum of squares all-reduced over the group. Replicated ones: counted once.
+    ``fsdp_group``: the data-parallel ranks over which FSDP2 shards every gradient (a DTensor
+    whose local shard each rank squares); their sums are all-reduced over it first.
+    """
+    specs = unit_specs(tp_model.config)
+    grads = [(n, _local(p.grad)) for n, p in tp_model.named_parameters() if p.grad is not None]
+    device = tp_model.tok_emb.weight.device
+    # at least float32 (bf16/fp16 grads), float64 for float64 grads, as clip_grad_norm_ does
+    dtype = functools.reduce(torch.promote_types, (g.dtype for _, g in grads), torch.float32)
+    sq = torch.zeros(2, device=device, dtype=dtype)  # [sharded over TP, replicated over TP]
+    for name, g in grads:
+        spec = _spec_of(name, specs, getattr(tp_model, "shard_map", None))
+        sq[int(spec is None)] += torch.linalg.vector_norm(g.to(dtype)) ** 2
+    if fsdp_group is not None and group_size(fsdp_group) > 1:
+        dist.all_reduce(sq, group=fsdp_group)
+    sq_sharded, sq_replicated = sq[0].clone(), sq[1]
+    if group_size(group) > 1:
+        dist.all_reduce(sq_sharded, group=group)
+    total = (sq_sharded + sq_replicated).sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for _, g in grads:
+        g.mul_(coef.to(g.dtype))
+    return total
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2's gradients; a view: writing it writes the DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
