@@ -159,6 +159,9 @@ def test_preset_tokenizer_and_data_follow_the_preset(text_file: Path) -> None:
     assert preset_tokenizer(bpe_preset, path=text_file) is tok  # trained once per process
     data = preset_data(bpe_preset, seed=3, path=text_file, block_size=16)
     assert data.block_size == 16 and data.seed == 3
+    again = preset_data(bpe_preset, seed=4, path=text_file, block_size=16)
+    assert again.train is data.train  # tokenized once per process, shared read-only
+    assert not torch.equal(again.get_batch("train", 4)[0], data.get_batch("train", 4)[0])
     ids = torch.cat([data.train, data.val]).long()
     assert int(ids.max()) < tok.vocab_size <= bpe_preset.vocab_size == 320
     text = text_file.read_bytes()

@@ -175,13 +175,20 @@ def make_data(
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
     corpus = load_corpus(path, max_bytes=max_bytes)
-    if tokenizer is not None:  # split the text first: validation is the text a tokenizer
-        train_text = train_split_bytes(corpus, val_fraction)  # trained on never saw
-        train, val = tokenize(train_text, tokenizer), tokenize(corpus[len(train_text) :], tokenizer)
+    if tokenizer is not None:
+        train, val = _bpe_splits(corpus, tokenizer, val_fraction)
         return TokenData(train, val, block_size=block_size, seed=seed)
     tokens = torch.from_numpy(np.frombuffer(corpus, dtype=np.uint8).copy())
     n_train = len(tokens) - int(len(tokens) * val_fraction)  # not tokens[:-n_val]: n_val may be 0
     return TokenData(tokens[:n_train], tokens[n_train:], block_size=block_size, seed=seed)
+
+
+def _bpe_splits(
+    corpus: bytes, tokenizer: BPETokenizer, val_fraction: float = 0.1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split the text first, then tokenize: validation is text the tokenizer never saw."""
+    train_text = train_split_bytes(corpus, val_fraction)
+    return tokenize(train_text, tokenizer), tokenize(corpus[len(train_text) :], tokenizer)
 
 
 def train_split_bytes(corpus: bytes, val_fraction: float = 0.1) -> bytes:
@@ -193,6 +200,15 @@ def train_split_bytes(corpus: bytes, val_fraction: float = 0.1) -> bytes:
 @functools.lru_cache(maxsize=4)
 def _trained_bpe(path: str | None, max_bytes: int | None, vocab: int) -> BPETokenizer:
     return train_bpe(train_split_bytes(load_corpus(path, max_bytes=max_bytes)), vocab)
+
+
+@functools.lru_cache(maxsize=4)
+def _bpe_tokens(
+    path: str | None, max_bytes: int | None, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The corpus tokenized once per process (read-only; every TokenData samples its own)."""
+    corpus = load_corpus(path, max_bytes=max_bytes)
+    return _bpe_splits(corpus, _trained_bpe(path, max_bytes, vocab))
 
 
 def preset_tokenizer(
@@ -221,18 +237,17 @@ def preset_data(
     block_size: int | None = None,
 ) -> TokenData:
     """``make_data`` with the preset's tokenizer (``preset_tokenizer``) at its model's context
-    length (or ``block_size``): the data a notebook trains on, at either preset."""
+    length (or ``block_size``): the data a notebook trains on, at either preset. A BPE corpus is
+    tokenized once per process and shared; each call gets its own seeded sampler."""
     from .config import get_preset
 
     preset = preset if preset is not None and not isinstance(preset, str) else get_preset(preset)
-    tok = preset_tokenizer(preset, path, max_bytes)
-    return make_data(
-        block_size or preset.model_config().block_size,
-        path,
-        seed=seed,
-        max_bytes=max_bytes,
-        tokenizer=tok if isinstance(tok, BPETokenizer) else None,
-    )
+    block = block_size or preset.model_config().block_size
+    if preset.tokenizer == "bytes":
+        return make_data(block, path, seed=seed, max_bytes=max_bytes)
+    where = None if path is None else str(Path(path).expanduser().resolve())
+    train, val = _bpe_tokens(where, max_bytes, preset.bpe_vocab)
+    return TokenData(train, val, block_size=block, seed=seed)
 
 
 def synthetic_batch(
