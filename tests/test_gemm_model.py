@@ -220,3 +220,21 @@ def test_the_ceiling_is_not_a_free_pass() -> None:
     # a wrong ceiling must fail the held-out bound: the test can fail
     worse = validation_summary(gemm_validation_table(A100_GEMM_CEILING * 0.9))
     assert worse["held_out_mean_abs_error"] > CALCULON_MEAN_ERROR
+
+
+def test_the_planner_can_time_gemms_from_their_shapes() -> None:
+    from tutorial_lib.cluster.replica_cost import TrainingJob
+
+    job = TrainingJob.paper()
+    gm = gemm_model_for(job.cluster.gpu)
+    shaped = TrainingJob.paper(gemm=gm)
+    # the healthy replica's GEMM time is the cost model's, GEMM by GEMM (8 stages of 12.5
+    # layers: the busiest has 13, and 13/100 of the logit layer)
+    expected = gemm_compute_time(
+        gm, 20480, 128, 16384, 81920, 51200, 13, 1, 32, "selective", "bf16", logit_share=0.13
+    )
+    assert shaped.per_microbatch(32)["compute"] == pytest.approx(expected)
+    assert shaped.per_microbatch(32)["compute"] != job.per_microbatch(32)["compute"]
+    for split, kept in (("whole", 6), ("even", 7)):  # the same decisions as one efficiency
+        j = TrainingJob.paper(shard_split=split, gemm=gm)
+        assert j.table(30, "ntp")["batch"][1] == kept
