@@ -12,7 +12,8 @@ The cost model
     ``tflops_per_gpu``.
     ``gemm_model``: GEMM efficiency from the shape (tiles, waves, roofline, a ceiling per GPU).
     ``collectives``: ring, tree and NVLink SHARP all-reduces.
-    ``validation``: the model against 25 published A100 runs (three papers), held-out error.
+    ``validation``: the model against 25 published A100 runs (three papers), held-out error;
+    ``validation_hopper``: against Megatron-Core's H100 table, a check of the extrapolation.
     ``domains``: NVL8 Hopper systems against NVL32 and NVL72 domains under failures.
 Failures and plans
     ``failures``: the Llama 3 failure model, Monte Carlo traces, replica availability.
@@ -80,6 +81,7 @@ from .validation import (
     validation_summary,
     validation_table,
 )
+from .validation_hopper import MEGATRON_CORE_H100, hopper_validation_table
 
 __all__ = [
     # cost model
@@ -105,6 +107,8 @@ __all__ = [
     "PublishedRun",
     "gemm_validation_table",
     "validation_summary",
+    "MEGATRON_CORE_H100",
+    "hopper_validation_table",
     "allreduce_time",
     "best_allreduce",
     "GemmModel",
