@@ -35,7 +35,6 @@ from ..hardware import SPECS, DeviceSpec
 __all__ = [
     "GemmModel",
     "Gemm",
-    "GEMM_MODELS",
     "H200_BF16_8192_TFLOPS",
     "gemm_model_for",
     "layer_gemms",
@@ -206,6 +205,8 @@ def _hopper_ceiling() -> float:
     return H200_BF16_8192_TFLOPS * 1e12 / (h200.peak("bf16") * quantization)  # type: ignore[operator]
 
 
+# SMs: A100 108 and H100 SXM 132 (NVIDIA's architecture whitepapers), H100 PCIe 114, H200 132
+# (the same GH100 die as H100 SXM), B200 148.
 _SMS = {"A100": 108, "H100 PCIe": 114, "H100 SXM": 132, "H200": 132, "B200": 148, "GB200": 148}
 
 
@@ -225,12 +226,3 @@ def gemm_model_for(gpu: DeviceSpec, ceiling: float | None = None) -> GemmModel:
         return GemmModel(gpu, sms, value, *A100_GEMM_TILE, source="A100: calibrated")
     value = _hopper_ceiling() if ceiling is None else ceiling
     return GemmModel(gpu, sms, value, source="ceiling measured on an H200 (REFERENCE.md)")
-
-
-GEMM_MODELS: dict[str, str] = {
-    "A100": "108 SMs (NVIDIA A100 whitepaper); ceiling calibrated (cluster.validation)",
-    "H100 SXM": "132 SMs (NVIDIA H100 whitepaper, SXM5); ceiling from the H200 measurement",
-    "H100 PCIe": "114 SMs (NVIDIA H100 whitepaper); ceiling from the H200 measurement",
-    "H200": "132 SMs (same GH100 die as H100 SXM); ceiling measured on an H200",
-    "B200": "148 SMs; ceiling assumed equal to Hopper's (no Blackwell measurement recorded)",
-}

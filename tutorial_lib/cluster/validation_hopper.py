@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .cost_terms import iteration_time
+from .cost_terms import iteration_time, training_flops
 from .gemm_model import gemm_model_for
 from .specs import CLUSTERS, ModelSpec, ParallelConfig
 
@@ -52,12 +52,15 @@ class H100Run:
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
 
+    def model(self) -> ModelSpec:
+        return ModelSpec(
+            layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=_VOCAB, seq=_SEQ
+        )
+
     @property
     def seconds(self) -> float:
-        """The iteration time the reported TFLOP/s implies."""
-        L, h, s, V = self.layers, self.hidden, _SEQ, _VOCAB
-        flops = 72 * self.batch * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
-        return flops / (self.gpus * self.tflops * 1e12)
+        """The iteration time the reported TFLOP/s implies (model FLOPs: no recomputation)."""
+        return training_flops(self.model(), self.batch) / (self.gpus * self.tflops * 1e12)
 
 
 MEGATRON_CORE_H100: tuple[H100Run, ...] = tuple(
@@ -84,7 +87,7 @@ def hopper_validation_table() -> list[dict[str, Any]]:
     gemm = gemm_model_for(cluster.gpu)
     table = []
     for r in MEGATRON_CORE_H100:
-        model = ModelSpec(layers=r.layers, hidden=r.hidden, heads=r.heads, vocab=_VOCAB, seq=_SEQ)
+        model = r.model()
         par = ParallelConfig(
             tp=r.tp,
             pp=r.pp,
