@@ -11,6 +11,8 @@ import pytest
 from tutorial_lib.cluster.cost_terms import (
     activation_bytes_per_layer,
     dp_allreduce_time,
+    exposed_dp_comm,
+    exposed_tp_comm,
     iteration_time,
     memory_per_gpu,
     pipeline_bubble_fraction,
@@ -18,6 +20,7 @@ from tutorial_lib.cluster.cost_terms import (
     tp_comm_bytes_per_layer,
     training_flops,
 )
+from tutorial_lib.cluster.gemm_model import gemm_compute_time, gemm_model_for
 from tutorial_lib.cluster.specs import (
     CLUSTERS,
     GB200,
@@ -188,6 +191,48 @@ def test_iteration_time_parts() -> None:
     assert flat["tp_comm"] == flat["pp_p2p"] == flat["pp_bubble"] == 0.0
     ratio = tflops_per_gpu(model, cluster, par) / tflops_per_gpu(model, cluster, par, flops="model")
     assert ratio == pytest.approx(training_flops(model, 1, "selective") / training_flops(model, 1))
+
+
+def test_gemms_are_timed_from_their_shapes_unless_one_efficiency_is_given() -> None:
+    cluster = CLUSTERS["DGX H100"].with_gpus(16)
+    model = ModelSpec(layers=8, hidden=1024, heads=16, vocab=1000, seq=512)
+    par = ParallelConfig(tp=4, pp=2, dp=2, global_batch=16)
+    gm = gemm_model_for(cluster.gpu)
+    # m = 8 micro-batches of the stage's 4 layers and half the logit layer, GEMM by GEMM
+    by_hand = 8 * gemm_compute_time(gm, 1024, 16, 512, 4096, 1000, 4, 1, 4, logit_share=0.5)
+    assert iteration_time(model, cluster, par)["compute"] == pytest.approx(by_hand)
+    assert iteration_time(model, cluster, par, gemm=gm)["compute"] == pytest.approx(by_hand)
+    flat = iteration_time(model, cluster, par, compute_efficiency=0.5)["compute"]
+    assert flat == pytest.approx(training_flops(model, 16) / (16 * 989.5e12 * 0.5))
+    with pytest.raises(ValueError, match="not both"):
+        iteration_time(model, cluster, par, compute_efficiency=0.5, gemm=gm)
+
+
+def test_overlapped_communication_by_hand() -> None:
+    par = ParallelConfig(tp=8, dp=2, global_batch=8, sequence_parallel=True)
+    over = dataclasses.replace(par, overlap_tp_comm=True)
+    assert exposed_tp_comm(3.0, 2.0, par) == 3.0  # not overlapped: all of it
+    assert exposed_tp_comm(3.0, 2.0, over) == 1.0  # what outlasts the GEMMs
+    assert exposed_tp_comm(1.5, 2.0, over) == 0.0
+    # DP: a micro-batch of 3 s is 1 s forward and 2 s backward (no recomputation)
+    assert exposed_dp_comm(5.0, 3.0, par) == 5.0
+    dp_over = dataclasses.replace(par, overlap_dp_comm=True)
+    assert exposed_dp_comm(5.0, 3.0, dp_over) == pytest.approx(3.0)  # the backward hides 2 s
+    # distributed optimizer: a 2.5 s reduce-scatter behind the 2 s backward, a 2.5 s all-gather
+    # behind the next 1 s forward
+    zero1 = dataclasses.replace(dp_over, distributed_optimizer=True)
+    assert exposed_dp_comm(5.0, 3.0, zero1) == pytest.approx(0.5 + 1.5)
+    full = dataclasses.replace(zero1, recompute="full")  # 4 parts: 2 backward, 1 forward
+    assert exposed_dp_comm(5.0, 4.0, full) == pytest.approx(0.5 + 1.5)
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        ParallelConfig(tp=2, dp=4, global_batch=8, overlap_tp_comm=True)
+    # in a step: TP communication hidden up to the GEMM time, and nothing else changes
+    model = ModelSpec(layers=8, hidden=1024, heads=16, vocab=1000, seq=512)
+    cluster = CLUSTERS["DGX H100"].with_gpus(16)
+    a = iteration_time(model, cluster, par)
+    b = iteration_time(model, cluster, over)
+    assert b["tp_comm"] == pytest.approx(max(0.0, a["tp_comm"] - a["compute"]))
+    assert b["compute"] == a["compute"] and b["dp_comm"] <= a["dp_comm"]
 
 
 def test_fp8_uses_the_fp8_peak_and_a100_has_none() -> None:

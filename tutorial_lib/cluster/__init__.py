@@ -13,7 +13,7 @@ The cost model
     ``gemm_model``: GEMM efficiency from the shape (tiles, waves, roofline, a ceiling per GPU).
     ``collectives``: ring, tree and NVLink SHARP all-reduces.
     ``validation``: the model against 25 published A100 runs (three papers), held-out error;
-    ``validation_hopper``: against Megatron-Core's H100 table, a check of the extrapolation.
+    ``validation_hopper``: Megatron-Core's H100 table: Hopper's ceiling fitted on 3 runs, 6 held out.
     ``domains``: NVL8 Hopper systems against NVL32 and NVL72 domains under failures.
 Failures and plans
     ``failures``: the Llama 3 failure model, Monte Carlo traces, replica availability.
@@ -81,7 +81,11 @@ from .validation import (
     validation_summary,
     validation_table,
 )
-from .validation_hopper import MEGATRON_CORE_H100, hopper_validation_table
+from .validation_hopper import (
+    MEGATRON_CORE_H100,
+    hopper_validation_summary,
+    hopper_validation_table,
+)
 
 __all__ = [
     # cost model
@@ -109,6 +113,7 @@ __all__ = [
     "validation_summary",
     "MEGATRON_CORE_H100",
     "hopper_validation_table",
+    "hopper_validation_summary",
     "allreduce_time",
     "best_allreduce",
     "GemmModel",

@@ -5,10 +5,12 @@ et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Usin
 arXiv 2104.04473), activation memory and selective recomputation from Korthikanti et al. 2022
 ("Reducing Activation Recomputation in Large Transformer Models", arXiv 2205.05198). TP traffic
 reuses ``cluster.tp_traffic``. Everything is a model of datasheet numbers plus three stated
-assumptions: the fraction of peak the GEMMs reach (``compute_efficiency``, calibrated in
-``cluster.validation``), the fraction of link bandwidth a collective reaches
+assumptions: how close each GEMM gets to peak (``cluster.gemm_model``: its shape's tiles and
+waves, the roofline, and a ceiling per GPU fitted to published runs in ``cluster.validation``
+and ``cluster.validation_hopper``), the fraction of link bandwidth a collective reaches
 (``ClusterSpec.collective_efficiency``), and how often memory-bound kernels touch the activations
-(``ACTIVATION_PASSES``).
+(``ACTIVATION_PASSES``). The older flat model, one ``compute_efficiency`` for every GEMM, is
+still available as an argument.
 
 Every term is public: ``iteration_time`` and ``memory_per_gpu`` add them up for a healthy job,
 and ``cluster.replica_cost`` reuses them for a replica that lost GPUs (``stage_params``,
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from ..flops import training_flops_per_token
 from .collectives import best_allreduce
-from .gemm_model import GemmModel, gemm_compute_time
+from .gemm_model import GemmModel, gemm_compute_time, gemm_model_for
 from .specs import RECOMPUTE, ClusterSpec, ModelSpec, ParallelConfig, check_config
 from .tp_traffic import tp_layer_comm_bytes
 
@@ -30,7 +32,6 @@ __all__ = [
     "ACT_BYTES",
     "ADAM_STEP_BYTES",
     "ACTIVATION_PASSES",
-    "DEFAULT_COMPUTE_EFFICIENCY",
     "Breakdown",
     "training_flops",
     "tp_comm_bytes_per_layer",
@@ -42,6 +43,8 @@ __all__ = [
     "layers_in_flight",
     "tp_layer_time",
     "pp_p2p_time",
+    "exposed_tp_comm",
+    "exposed_dp_comm",
     "iteration_time",
     "memory_per_gpu",
     "tflops_per_gpu",
@@ -55,10 +58,6 @@ ADAM_STEP_BYTES = 30  # per parameter: read fp32 grad + w, m, v (16), write w, m
 # and has a gradient of the same size written there: 3 passes of memory-bound traffic (LayerNorm,
 # GeLU, softmax, dropout). Recomputation writes what it recomputes once more. An estimate, not fit.
 ACTIVATION_PASSES = 3
-# GEMM fraction of peak in a real training step. 0.6 is what Table 1 calibrates to on A100
-# (A100_COMPUTE_EFFICIENCY); a lone BF16 8192^3 GEMM reaches 0.80 on an H200 (measured once, CUDA torch),
-# an upper bound. No Hopper end-to-end calibration exists yet: revisit when one is recorded.
-DEFAULT_COMPUTE_EFFICIENCY = 0.6
 
 
 @dataclass(frozen=True)
@@ -232,35 +231,68 @@ def pp_p2p_time(model: ModelSpec, cluster: ClusterSpec, par: ParallelConfig) -> 
     return 2 * par.virtual_stages * per_send
 
 
+def exposed_tp_comm(tp_time: float, gemm_time: float, par: ParallelConfig) -> float:
+    """TP communication left on the critical path: all of it, or with ``overlap_tp_comm`` what
+    outlasts the GEMMs it is pipelined with (Megatron-Core's ``--tp-comm-overlap`` splits each
+    all-gather and reduce-scatter into chunks that run while the GEMM works on the previous
+    one). The slowdown of GEMMs that share the SMs with communication is not modelled."""
+    return max(0.0, tp_time - gemm_time) if par.overlap_tp_comm else tp_time
+
+
+def exposed_dp_comm(dp_time: float, micro_batch_time: float, par: ParallelConfig) -> float:
+    """Gradient-synchronisation time left on the critical path, given ``dp_time`` for the whole
+    collective and the compute of one micro-batch. Without ``overlap_dp_comm``: all of it.
+    With it, the reduction runs in buckets during the last micro-batch's backward (2/3 of a
+    micro-batch, 2/4 with full recomputation); with ``distributed_optimizer`` too, the
+    collective is a reduce-scatter (half the time) hidden there and a parameter all-gather
+    (the other half) hidden behind the next iteration's first forward (1/3, or 1/4)."""
+    if not par.overlap_dp_comm:
+        return dp_time
+    parts = 4 if par.recompute == "full" else 3
+    backward, forward = micro_batch_time * 2 / parts, micro_batch_time / parts
+    if not par.distributed_optimizer:
+        return max(0.0, dp_time - backward)
+    return max(0.0, dp_time / 2 - backward) + max(0.0, dp_time / 2 - forward)
+
+
 def iteration_time(
     model: ModelSpec,
     cluster: ClusterSpec,
     par: ParallelConfig,
     *,
-    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
+    compute_efficiency: float | None = None,
     gemm: GemmModel | None = None,
 ) -> Breakdown:
-    """Seconds per iteration on one GPU, by cause. ``compute``: ``training_flops`` at
-    ``compute_efficiency`` x peak, spread evenly over the GPUs; or, with a ``gemm`` model, every
-    GEMM of the stage's layers timed from its shape (``cluster.gemm_model``: tiles, waves, the
-    roofline and the GPU's ceiling), m micro-batches of them, plus 1/p of the logit layer. ``memory_bound``: the activation
-    traffic of LayerNorm, GeLU, softmax and dropout, ``ACTIVATION_PASSES`` x the bytes Korthikanti
-    et al. count (+1 pass for what is recomputed), at HBM bandwidth. ``tp_comm`` and ``pp_p2p``:
-    not overlapped (as in Megatron 2021). ``pp_bubble``: the bubble fraction of the steady
-    state. ``dp_comm``: exposed all-reduce; with ``overlap_dp_comm`` only what outlasts the last
-    micro-batch's backward. ``optimizer``: the Adam step, ``ADAM_STEP_BYTES`` per parameter at HBM
-    bandwidth. With ``dtype="fp8"`` the GEMMs run at the FP8 peak with the same efficiency, which
-    is optimistic (FP8 GEMMs usually reach a smaller fraction of their peak)."""
+    """Seconds per iteration on one GPU, by cause.
+
+    - ``compute``: every GEMM of the stage's layers timed from its shape by ``gemm`` (default
+      ``gemm_model_for(cluster.gpu)``: tiles, waves, the roofline and the GPU's ceiling,
+      ``cluster.gemm_model``), m micro-batches of them, plus 1/p of the logit layer. Or, with
+      ``compute_efficiency``, the older flat model: ``training_flops`` at that fraction of peak,
+      spread evenly over the GPUs.
+    - ``memory_bound``: the activation traffic of LayerNorm, GeLU, softmax and dropout,
+      ``ACTIVATION_PASSES`` x the bytes Korthikanti et al. count (+1 pass for what is
+      recomputed), at HBM bandwidth.
+    - ``tp_comm`` and ``pp_p2p``: not overlapped (as in Megatron 2021), except TP communication
+      with ``overlap_tp_comm`` (``exposed_tp_comm``).
+    - ``pp_bubble``: the bubble fraction of the steady state.
+    - ``dp_comm``: the exposed gradient synchronisation (``exposed_dp_comm``).
+    - ``optimizer``: the Adam step, ``ADAM_STEP_BYTES`` per parameter at HBM bandwidth.
+
+    With ``dtype="fp8"`` the GEMMs run at the FP8 peak with the same ceiling, which is
+    optimistic (FP8 GEMMs usually reach a smaller fraction of their peak)."""
     check_config(model, cluster, par)
-    if not 0 < compute_efficiency <= 1:
+    if compute_efficiency is not None and gemm is not None:
+        raise ValueError("Give compute_efficiency (one efficiency) or gemm (shapes), not both.")
+    if compute_efficiency is not None and not 0 < compute_efficiency <= 1:
         raise ValueError(f"compute_efficiency must be in (0, 1], got {compute_efficiency}.")
     m, stage_layers = par.micro_batches, model.layers / par.pp
-    if gemm is None:
+    if compute_efficiency is not None:
         peak = cluster.gpu.peak(par.dtype) * compute_efficiency  # type: ignore[operator]
         compute = training_flops(model, par.global_batch, par.recompute) / (cluster.n_gpus * peak)
     else:
         compute = m * gemm_compute_time(
-            gemm,
+            gemm or gemm_model_for(cluster.gpu),
             model.hidden,
             model.heads,
             model.seq,
@@ -277,14 +309,11 @@ def iteration_time(
     redo = {"none": 0.0, "selective": attention, "full": other + attention}[par.recompute]
     traffic = ACTIVATION_PASSES * (other + attention) + redo
     memory = m * stage_layers * traffic / cluster.gpu.hbm_bandwidth
-    tp = m * stage_layers * tp_layer_time(model, cluster, par)
+    tp = exposed_tp_comm(m * stage_layers * tp_layer_time(model, cluster, par), compute, par)
     p2p = m * pp_p2p_time(model, cluster, par)
     steady = compute + memory + tp + p2p
     bubble = steady * pipeline_bubble_fraction(par.pp, m, par.virtual_stages)
-    dp = dp_allreduce_time(model, cluster, par)
-    if par.overlap_dp_comm:
-        backward_share = 2 / (4 if par.recompute == "full" else 3)
-        dp = max(0.0, dp - (compute + memory) / m * backward_share)
+    dp = exposed_dp_comm(dp_allreduce_time(model, cluster, par), (compute + memory) / m, par)
     shard = stage_params(model, par) / (par.dp if par.distributed_optimizer else 1)
     optimizer = shard * ADAM_STEP_BYTES / cluster.gpu.hbm_bandwidth
     return Breakdown(
@@ -329,7 +358,7 @@ def tflops_per_gpu(
     par: ParallelConfig,
     *,
     flops: str = "hardware",
-    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY,
+    compute_efficiency: float | None = None,
     gemm: GemmModel | None = None,
 ) -> float:
     """Predicted TFLOP/s per GPU. ``flops="hardware"`` counts the recomputation too (what Table 1

@@ -10,19 +10,19 @@ tile per streaming multiprocessor (SM) at a time. Three things keep it below its
 - **The roofline.** A GEMM must also read A and B and write C: when ``bytes / HBM bandwidth`` is
   longer than the math, memory sets the time (skinny or small GEMMs).
 
-Beyond those, a large well-shaped GEMM still reaches only a ``ceiling`` fraction of peak (clock
-under load, the main loop's prologue and epilogue, instruction issue). The ceiling is per GPU and
-sourced: on Hopper, the BF16 8192^3 GEMM measured once on an H200 (about 790 TFLOP/s, REFERENCE.md)
-divided by this model's own tile and wave factors for that shape; on the A100, fitted to the
-declared calibration rows of ``cluster.validation`` (one parameter). The two are not the same
-kind of number: the A100's is fitted to whole training steps (0.695), so it absorbs what the
-cost model leaves out, while Hopper's (0.823) is one GEMM alone, an upper bound for a step. No
-Hopper end-to-end run is recorded to fit it; Blackwell reuses Hopper's.
+Beyond those, a large well-shaped GEMM in a training step still reaches only a ``ceiling``
+fraction of peak (clock under load, the main loop's prologue and epilogue, instruction issue,
+and whatever the cost model leaves out). The ceiling is per GPU and fitted to whole training
+steps, one parameter on declared runs: the A100's (0.695) on five rows of Narayanan et al.'s
+Table 1 (``cluster.validation``), Hopper's (0.680) on three runs of Megatron-Core's H100 table
+(``cluster.validation_hopper``). A lone BF16 8192^3 GEMM measured once on an H200 (about 790
+TFLOP/s, REFERENCE.md) gives 0.823 (``hopper_gemm_upper_bound``): an upper bound, as a training
+step's GEMMs do not run alone. Blackwell reuses Hopper's fitted ceiling, an assumption.
 
 ``GemmModel.time(m, n, k, batch)`` is the time of one (batched) GEMM; ``layer_gemms`` lists the
 GEMMs of one transformer layer on one TP rank (forward, backward and recomputed), and
-``gemm_compute_time`` adds them up for a micro-batch. ``cost_terms.iteration_time(gemm=...)``
-uses it in place of a single ``compute_efficiency``.
+``gemm_compute_time`` adds them up for a micro-batch. ``cost_terms.iteration_time`` and the
+planner (``replica_cost.TrainingJob``) time GEMMs this way by default.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ __all__ = [
     "Gemm",
     "H200_BF16_8192_TFLOPS",
     "gemm_model_for",
+    "hopper_gemm_upper_bound",
     "layer_gemms",
     "logit_gemms",
     "gemm_compute_time",
@@ -196,9 +197,9 @@ def gemm_compute_time(
     return layers * per_layer + logit_share * logits
 
 
-def _hopper_ceiling() -> float:
+def hopper_gemm_upper_bound() -> float:
     """The ceiling that makes the model give the measured H200 BF16 8192^3 rate (on the H200's
-    own peak and 132 SMs)."""
+    own peak and 132 SMs): one GEMM alone, an upper bound for a training step's GEMMs."""
     h200 = SPECS["H200"]
     g = Gemm("probe", 8192, 8192, 8192)
     quantization = GemmModel(h200, 132, 1.0).quantization(g)
@@ -212,10 +213,12 @@ _SMS = {"A100": 108, "H100 PCIe": 114, "H100 SXM": 132, "H200": 132, "B200": 148
 
 def gemm_model_for(gpu: DeviceSpec, ceiling: float | None = None) -> GemmModel:
     """The ``GemmModel`` of a datasheet GPU (A100, H100 SXM/PCIe, H200, B200, GB200): its SM
-    count and a ceiling (``ceiling`` overrides). The A100 gets its calibrated ceiling and tile
-    (``cluster.validation``); every other GPU the ceiling measured on an H200, the only one
-    recorded (an assumption for Blackwell)."""
+    count and a ceiling (``ceiling`` overrides). The A100 gets the ceiling and tile fitted to
+    A100 runs (``cluster.validation``); every other GPU the ceiling fitted to Megatron-Core's
+    H100 runs (``cluster.validation_hopper``), an assumption for Blackwell, whose published
+    end-to-end runs we have not fitted."""
     from .validation import A100_GEMM_CEILING, A100_GEMM_TILE
+    from .validation_hopper import HOPPER_GEMM_CEILING
 
     name = gpu.name
     sms = next((n for key, n in _SMS.items() if name.startswith(key)), None)
@@ -224,5 +227,5 @@ def gemm_model_for(gpu: DeviceSpec, ceiling: float | None = None) -> GemmModel:
     if name.startswith("A100"):
         value = A100_GEMM_CEILING if ceiling is None else ceiling
         return GemmModel(gpu, sms, value, *A100_GEMM_TILE, source="A100: calibrated")
-    value = _hopper_ceiling() if ceiling is None else ceiling
-    return GemmModel(gpu, sms, value, source="ceiling measured on an H200 (REFERENCE.md)")
+    value = HOPPER_GEMM_CEILING if ceiling is None else ceiling
+    return GemmModel(gpu, sms, value, source="ceiling fitted to Megatron-Core's H100 runs")

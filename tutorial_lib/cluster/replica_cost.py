@@ -27,16 +27,17 @@ from ..hardware import SPECS
 from .cost_terms import (
     ACTIVATION_PASSES,
     ADAM_STEP_BYTES,
-    DEFAULT_COMPUTE_EFFICIENCY,
     Breakdown,
     activation_parts,
     dp_allreduce_time,
+    exposed_dp_comm,
+    exposed_tp_comm,
     pp_p2p_time,
     stage_params,
     tp_layer_time,
     training_flops,
 )
-from .gemm_model import GemmModel, gemm_compute_time
+from .gemm_model import GemmModel, gemm_compute_time, gemm_model_for
 from .plan_options import option_table
 from .specs import ClusterSpec, ModelSpec, ParallelConfig
 
@@ -125,9 +126,10 @@ class TrainingJob:
     reduced_tps: tuple[int, ...] | None = None
     one_reduced_tp: bool = False
     power: PowerBoost = field(default_factory=PowerBoost)
-    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
-    # GEMM time from the shape (cluster.gemm_model) in place of compute_efficiency, if given
+    # GEMM time from the shape (default: cluster.gemm_model.gemm_model_for(cluster.gpu)), or,
+    # with compute_efficiency, the older flat model: FLOPs at that fraction of peak.
     gemm: GemmModel | None = None
+    compute_efficiency: float | None = None
     shard_split: str = "whole"
     # Step times and option tables, computed on first use (the job is immutable, so they hold).
     _cache: dict[tuple[Any, ...], Any] = field(
@@ -152,10 +154,13 @@ class TrainingJob:
             )
         if c.gpu.peak(p.dtype) is None:
             raise ValueError(f"{c.gpu.name} has no {p.dtype} peak.")
-        if not 0 < self.compute_efficiency <= 1:
-            raise ValueError(
-                f"compute_efficiency must be in (0, 1], got {self.compute_efficiency}."
-            )
+        if self.compute_efficiency is not None:
+            if self.gemm is not None:
+                raise ValueError("Give compute_efficiency or gemm, not both.")
+            if not 0 < self.compute_efficiency <= 1:
+                raise ValueError(
+                    f"compute_efficiency must be in (0, 1], got {self.compute_efficiency}."
+                )
         if self.shard_split not in SHARD_SPLITS:
             raise ValueError(
                 f"shard_split must be 'whole' (heads and FFN columns are whole units) or 'even' "
@@ -212,19 +217,21 @@ class TrainingJob:
         """Seconds per micro-batch of the busiest stage of a TP-``tp`` replica boosted ``speed``
         times: ``compute``, ``memory_bound`` and ``tp_comm`` (divided by the speed-up) and
         ``pp_p2p`` (over the scale-out network: not). With ``shard_split="whole"`` the busiest
-        rank owns whole heads and FFN columns; with ``"even"`` every rank does 1/tp. With a
-        ``gemm`` model, ``compute`` times each of that rank's GEMMs from its shape instead of
-        dividing FLOPs by ``compute_efficiency`` x peak."""
+        rank owns whole heads and FFN columns; with ``"even"`` every rank does 1/tp.
+        ``compute`` times each of that rank's GEMMs from its shape (``gemm``), or with
+        ``compute_efficiency`` divides its FLOPs by that fraction of peak. ``tp_comm`` is what
+        ``overlap_tp_comm`` leaves exposed."""
         m, par = self.model, dataclasses.replace(self.par, tp=tp)
         layers = math.ceil(m.layers / par.pp)  # the busiest stage
-        peak = self.cluster.gpu.peak(par.dtype) * self.compute_efficiency  # type: ignore[operator]
-        flops = training_flops(m, par.micro_batch, par.recompute) * layers * par.pp / m.layers
         whole = self.shard_split == "whole"
-        imbalance = _shard_imbalance(m, tp, par.recompute) if whole else 1.0
-        compute = flops * imbalance / (tp * par.pp * peak)
-        if self.gemm is not None:  # every GEMM of the busiest rank timed from its shape
+        if self.compute_efficiency is not None:  # the flat model, scaled by the busiest rank
+            peak = self.cluster.gpu.peak(par.dtype) * self.compute_efficiency  # type: ignore[operator]
+            flops = training_flops(m, par.micro_batch, par.recompute) * layers * par.pp / m.layers
+            imbalance = _shard_imbalance(m, tp, par.recompute) if whole else 1.0
+            compute = flops * imbalance / (tp * par.pp * peak)
+        else:  # every GEMM of the busiest rank timed from its shape
             compute = gemm_compute_time(
-                self.gemm,
+                self.gemm or gemm_model_for(self.cluster.gpu),
                 m.hidden,
                 m.heads,
                 m.seq,
@@ -246,7 +253,8 @@ class TrainingJob:
         return {
             "compute": compute / speed,
             "memory_bound": layers * traffic / self.cluster.gpu.hbm_bandwidth / speed,
-            "tp_comm": layers * tp_layer_time(m, self.cluster, par) / speed,
+            "tp_comm": exposed_tp_comm(layers * tp_layer_time(m, self.cluster, par), compute, par)
+            / speed,
             "pp_p2p": pp_p2p_time(m, self.cluster, par),
         }
 
@@ -264,17 +272,15 @@ class TrainingJob:
     @_memo
     def dp_comm(self, core: int, replicas: int) -> float:
         """Exposed DP all-reduce of a job of ``replicas`` replicas pairing at ``core`` ranks: the
-        healthy job's (``cost_terms.dp_allreduce_time``) times base/core, minus the healthy
-        replica's last backward when overlapped. The same for every replica."""
+        healthy job's (``cost_terms.dp_allreduce_time``) times base/core, less what a healthy
+        replica's micro-batch hides when overlapped (``cost_terms.exposed_dp_comm``). The same
+        for every replica."""
         if replicas < 2:
             return 0.0
         par = dataclasses.replace(self.par, dp=replicas, global_batch=self.local_batch * replicas)
         time = dp_allreduce_time(self.model, self.cluster, par) * self.par.tp / core
-        if self.par.overlap_dp_comm:
-            x = self.per_microbatch(self.par.tp)
-            share = 2 / (4 if self.par.recompute == "full" else 3)
-            time = max(0.0, time - (x["compute"] + x["memory_bound"]) * share)
-        return time
+        x = self.per_microbatch(self.par.tp)
+        return exposed_dp_comm(time, x["compute"] + x["memory_bound"], self.par)
 
     def replica_time(
         self,

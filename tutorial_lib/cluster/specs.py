@@ -229,7 +229,12 @@ class ParallelConfig:
     ``virtual_stages`` > 1 is Megatron's interleaved schedule. ``grad_bytes`` is the gradient
     dtype size: 2 gives the 16 bytes per parameter of mixed-precision Adam (Megatron keeps and
     all-reduces FP32 gradients, 4 bytes, when training in BF16). ``distributed_optimizer``
-    shards the 12 bytes of FP32 optimizer state over DP (ZeRO-1)."""
+    shards the 12 bytes of FP32 optimizer state over DP (ZeRO-1). ``overlap_dp_comm`` hides
+    the gradient reduction behind the last micro-batch's backward (with the distributed
+    optimizer its reduce-scatter there and its parameter all-gather behind the next forward,
+    Megatron-Core's ``--overlap-grad-reduce --overlap-param-gather``). ``overlap_tp_comm`` hides
+    TP communication behind the GEMMs it feeds (Megatron-Core's ``--tp-comm-overlap``, which
+    needs sequence parallelism)."""
 
     tp: int = 1
     pp: int = 1
@@ -243,6 +248,7 @@ class ParallelConfig:
     overlap_dp_comm: bool = False
     distributed_optimizer: bool = False
     grad_bytes: int = 2
+    overlap_tp_comm: bool = False
 
     def __post_init__(self) -> None:
         check_positive_ints(
@@ -262,6 +268,11 @@ class ParallelConfig:
             raise ValueError("virtual_stages > 1 (interleaved schedule) needs pp > 1.")
         if self.grad_bytes not in (2, 4):
             raise ValueError(f"grad_bytes must be 2 or 4, got {self.grad_bytes}.")
+        if self.overlap_tp_comm and self.tp > 1 and not self.sequence_parallel:
+            raise ValueError(
+                "overlap_tp_comm needs sequence_parallel=True (Megatron-Core overlaps the "
+                "all-gathers and reduce-scatters of sequence parallelism with the GEMMs)."
+            )
 
     @property
     def micro_batches(self) -> int:

@@ -18,6 +18,7 @@ Two models are validated:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .cost_terms import iteration_time, tflops_per_gpu, training_flops
@@ -37,6 +38,7 @@ __all__ = [
     "A100_GEMM_TILE",
     "CALIBRATION_RUNS",
     "calibrate_gemm_ceiling",
+    "golden_min",
     "gemm_validation_table",
     "validation_summary",
 ]
@@ -296,10 +298,11 @@ def calibrate_gemm_ceiling(names: tuple[str, ...] = CALIBRATION_RUNS) -> float:
     if len(runs) != len(names):
         raise ValueError(f"Unknown run among {names}: see PUBLISHED_RUNS.")
 
-    def loss(c: float) -> float:
-        return sum(abs(e) for e in _errors(c, runs)) / len(runs)
+    return golden_min(lambda c: sum(abs(e) for e in _errors(c, runs)) / len(runs), 0.4, 1.0)
 
-    lo, hi = 0.4, 1.0
+
+def golden_min(loss: Callable[[float], float], lo: float, hi: float) -> float:
+    """The x in [lo, hi] where ``loss`` (one minimum there) is least: a golden-section search."""
     ratio = (5**0.5 - 1) / 2
     for _ in range(60):
         a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
