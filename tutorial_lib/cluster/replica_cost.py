@@ -111,11 +111,11 @@ class TrainingJob:
       rank owns ceil(heads / t') heads and ceil(ffn / t') columns and sets the pace (GEMMs scaled
       by ``_shard_imbalance``, attention activations by ceil(heads / t') t' / heads). On the
       paper's job, 128 heads over 30 ranks leave 5 on the busiest against a mean of 4.27: a TP-30
-      micro-batch is 1.112 times a TP-32 one, so a TP-30 replica keeps 6 of its 8 sequences, and
+      micro-batch is 1.121 times a TP-32 one, so a TP-30 replica keeps 6 of its 8 sequences, and
       the Figure 7 simulation (seed-0 15-day trace) needs 24 spare domains for ``ntp``.
     - ``"even"``: every rank gets 1/t' of the work (a fractional share of heads and columns). This
       is the NTP paper's idealisation (its abstract: a degraded replica contributes "throughput
-      equal to the percentage of still-functional GPUs"). A TP-30 micro-batch is then 1.044
+      equal to the percentage of still-functional GPUs"). A TP-30 micro-batch is then 1.041
       times a TP-32 one, a TP-30 replica keeps 7 of 8 sequences, and ``ntp`` needs the paper's
       16 spare domains (two 8-domain replicas instead of three).
     """
