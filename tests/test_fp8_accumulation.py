@@ -15,6 +15,9 @@ import torch
 from tutorial_lib.fp8 import (
     E4M3,
     DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Float8RowwiseScaling,
     FP8Linear,
     MMParams,
     autocast,
@@ -22,8 +25,10 @@ from tutorial_lib.fp8 import (
     emulated_gemm,
     gemm,
     quantize,
+    recipe_linear,
     scaled_gemm,
 )
+from tutorial_lib.fp8.recipes import Recipe
 from tutorial_lib.fp8.te_policy import TE_DELAYED_SPLIT_ACCUMULATOR, te_recipe_kwargs
 
 
@@ -150,3 +155,44 @@ def test_te_source_fixes_the_delayed_scaling_accumulation(
             split = want[f"fp8_gemm_{gemm_name}"]
             assert f"_2X_ACC_{constant} = {split}" in source, (version, constant)
             assert getattr(DelayedScaling(), f"fp8_gemm_{gemm_name}").use_split_accumulator is split
+
+
+@pytest.mark.parametrize(
+    ("recipe", "flags"),
+    [
+        (Float8CurrentScaling(), [True, False, False]),  # TE's defaults: fast forward only
+        (Float8RowwiseScaling(), [True, False, False]),
+        (
+            Float8CurrentScaling(
+                fp8_gemm_fprop=MMParams(use_split_accumulator=True),
+                fp8_gemm_dgrad=MMParams(use_split_accumulator=False),
+            ),
+            [False, True, False],
+        ),
+        (Float8BlockScaling(), [False, False, False]),  # split everywhere (TE's block default)
+    ],
+    ids=["current", "rowwise", "current-override", "block"],
+)
+def test_stateless_recipes_pass_their_accumulation_to_each_gemm(
+    monkeypatch: pytest.MonkeyPatch, recipe: Recipe, flags: list[bool]
+) -> None:
+    """Forward, dgrad and wgrad of a recipe layer reach ``quantized_matmul`` with the recipe's
+    ``use_fast_accum``, in that order (the CUDA path hands it to ``torch._scaled_mm``)."""
+    seen: list[tuple[tuple[int, ...], bool]] = []
+    real = recipe_linear.quantized_matmul
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        out = real(*args, **kwargs)
+        fast = kwargs.get("use_fast_accum", args[4] if len(args) > 4 else False)
+        seen.append((tuple(out.shape), fast))
+        return out
+
+    monkeypatch.setattr(recipe_linear, "quantized_matmul", spy)
+    layer = FP8Linear(48, 32, amax_history_len=4)
+    x = torch.randn(16, 48, requires_grad=True)
+    with autocast(recipe=recipe):
+        out = layer(x)
+    out.sum().backward()
+    # forward y (16, 32), dgrad dx (16, 48), wgrad dW (32, 48)
+    shapes = [(16, 32), (16, 48), (32, 48)]
+    assert seen == list(zip(shapes, flags, strict=True))
