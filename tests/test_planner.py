@@ -73,12 +73,19 @@ def test_healthy_replica_time_is_the_cost_models_iteration_time() -> None:
     overlapped = dataclasses.replace(
         PAR, sequence_parallel=True, overlap_tp_comm=True, distributed_optimizer=True
     )
+    # slow links: TP communication outlasts the GEMMs and the DP reduction the micro-batch, so
+    # the partly hidden branches are compared, not only the fully hidden ones
+    slow = dataclasses.replace(TOY, nvlink_bandwidth=1e9, scaleout_bandwidth=1e9)
     jobs = (
         JOB,
         VARIANTS[1],
         TrainingJob(model=MODEL, cluster=TOY, par=overlapped),
         TrainingJob(model=MODEL, cluster=TOY, par=overlapped, compute_efficiency=0.6),
+        TrainingJob(model=MODEL, cluster=slow, par=overlapped),
     )
+    partly_hidden = jobs[-1].replica_time(4, 4)
+    raw = iteration_time(MODEL, slow, dataclasses.replace(overlapped, overlap_tp_comm=False))
+    assert 0 < partly_hidden["tp_comm"] < raw["tp_comm"] and partly_hidden["dp_comm"] > 0
     for job in jobs:
         mine = job.replica_time(job.base_tp, job.local_batch)
         theirs = iteration_time(

@@ -235,7 +235,9 @@ def exposed_tp_comm(tp_time: float, gemm_time: float, par: ParallelConfig) -> fl
     """TP communication left on the critical path: all of it, or with ``overlap_tp_comm`` what
     outlasts the GEMMs it is pipelined with (Megatron-Core's ``--tp-comm-overlap`` splits each
     all-gather and reduce-scatter into chunks that run while the GEMM works on the previous
-    one). The slowdown of GEMMs that share the SMs with communication is not modelled."""
+    one). Optimistic on two counts: ``gemm_time`` is every GEMM of the step, where Megatron-Core
+    overlaps only the linear layers' (not attention's score and value GEMMs), and the slowdown
+    of GEMMs that share the SMs with communication is not modelled."""
     return max(0.0, tp_time - gemm_time) if par.overlap_tp_comm else tp_time
 
 
@@ -243,13 +245,14 @@ def exposed_dp_comm(dp_time: float, micro_batch_time: float, par: ParallelConfig
     """Gradient-synchronisation time left on the critical path, given ``dp_time`` for the whole
     collective and the compute of one micro-batch. Without ``overlap_dp_comm``: all of it.
     With it, the reduction runs in buckets during the last micro-batch's backward (2/3 of a
-    micro-batch, 2/4 with full recomputation); with ``distributed_optimizer`` too, the
-    collective is a reduce-scatter (half the time) hidden there and a parameter all-gather
-    (the other half) hidden behind the next iteration's first forward (1/3, or 1/4)."""
+    micro-batch; 3/4 with full recomputation, whose recomputed forward runs in the backward);
+    with ``distributed_optimizer`` too, the collective is a reduce-scatter (half the time)
+    hidden there and a parameter all-gather (the other half) hidden behind the next
+    iteration's first forward (1/3, or 1/4)."""
     if not par.overlap_dp_comm:
         return dp_time
     parts = 4 if par.recompute == "full" else 3
-    backward, forward = micro_batch_time * 2 / parts, micro_batch_time / parts
+    backward, forward = micro_batch_time * (parts - 1) / parts, micro_batch_time / parts
     if not par.distributed_optimizer:
         return max(0.0, dp_time - backward)
     return max(0.0, dp_time / 2 - backward) + max(0.0, dp_time / 2 - forward)

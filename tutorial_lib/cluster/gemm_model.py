@@ -13,8 +13,8 @@ tile per streaming multiprocessor (SM) at a time. Three things keep it below its
 Beyond those, a large well-shaped GEMM in a training step still reaches only a ``ceiling``
 fraction of peak (clock under load, the main loop's prologue and epilogue, instruction issue,
 and whatever the cost model leaves out). The ceiling is per GPU and fitted to whole training
-steps, one parameter on declared runs: the A100's (0.695) on five rows of Narayanan et al.'s
-Table 1 (``cluster.validation``), Hopper's (0.680) on three runs of Megatron-Core's H100 table
+steps on declared runs: the A100's (0.695, with the A100's tile shape) on five rows of
+Narayanan et al.'s Table 1 (``cluster.validation``), Hopper's (0.680, alone) on three runs of Megatron-Core's H100 table
 (``cluster.validation_hopper``). A lone BF16 8192^3 GEMM measured once on an H200 (about 790
 TFLOP/s, REFERENCE.md) gives 0.823 (``hopper_gemm_upper_bound``): an upper bound, as a training
 step's GEMMs do not run alone. Blackwell reuses Hopper's fitted ceiling, an assumption.

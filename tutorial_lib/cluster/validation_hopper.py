@@ -16,7 +16,7 @@ parallelism where TP > 1 (``--tp-comm-overlap`` needs it), TP communication over
 GEMMs (``ParallelConfig.overlap_tp_comm``), an overlapped DP reduce-scatter and parameter
 all-gather with a distributed optimizer, and v = 1, on DGX H100.
 
-One parameter is fitted, as for the A100: the end-to-end GEMM ceiling
+One parameter is fitted, as the A100's ceiling was: the end-to-end GEMM ceiling
 (``HOPPER_GEMM_CEILING``, ``calibrate_hopper_ceiling``), on the declared runs
 ``HOPPER_CALIBRATION_RUNS`` (the smallest, a middle and the largest: 1.7B, 70B and 462B).
 ``hopper_validation_summary`` reports the error on the six held-out runs separately. The fitted
