@@ -331,3 +331,165 @@ def test_te_save_condition_is_respected(te_recipe_module: None) -> None:
     assert te_extra_state(module) is None
     module.fp8_calibration = True
     assert te_extra_state(module) is not None
+
+
+# ---- moving a run between fp8 (FP8Linear) and te-fp8 (fp8.te_checkpoint) ----------------------
+RUN_CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)
+
+
+class _TELayerNorm(nn.LayerNorm):
+    """TE's op-based LayerNorm as a state dict sees it: weight, bias and an empty extra state
+    (``ops/op.py``: no quantizer state, so ``get_extra_state`` returns an empty tensor)."""
+
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8)
+
+    def set_extra_state(self, state: Any) -> None:
+        assert isinstance(state, torch.Tensor) and state.numel() == 0
+
+
+def _te_model(seed: int) -> GPT:
+    """A GPT with stand-in TE modules where ``convert_to_te`` puts TE's (Linears but the tied
+    head, every LayerNorm)."""
+    torch.manual_seed(seed)
+    model = GPT(RUN_CFG)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                new: nn.Module = _TELinear(child.in_features, child.out_features)
+            elif type(child) is nn.LayerNorm:
+                new = _TELayerNorm(child.normalized_shape)
+            else:
+                continue
+            new.load_state_dict(child.state_dict(), strict=False)
+            setattr(parent, name, new)
+    return model
+
+
+def test_an_fp8_run_moves_to_te_and_back_and_resumes_exactly(
+    tmp_path: Path,
+    te_recipe_module: None,
+    monkeypatch: pytest.MonkeyPatch,
+    data_factory: Callable[..., TokenData],
+    short_run: Callable[..., Trainer],
+) -> None:
+    """fp8 -> te-fp8 -> fp8 gives back the checkpoint bit for bit, the te-fp8 form loads into
+    TE modules (stand-ins following TE's source) with the same scales and histories, and the
+    run resumed from the round trip continues exactly as if it had never stopped."""
+    from tutorial_lib.checkpoint import convert_checkpoint_file
+    from tutorial_lib.fp8.te_checkpoint import convert_checkpoint
+
+    monkeypatch.delenv(TE_UNSAFE_PICKLE_ENV, raising=False)
+
+    def data() -> TokenData:
+        return data_factory(seed=0, block_size=RUN_CFG.block_size)
+
+    torch.manual_seed(0)
+    model = GPT(RUN_CFG)
+    straight = short_run(model, data(), "fp8", 6)
+    straight.train()
+    first = short_run(model, data(), "fp8", 6)
+    first.train(3)
+    path = first.save(tmp_path / "fp8.pt")
+    original = load_checkpoint(path)
+
+    te_path = convert_checkpoint_file(path, tmp_path / "te.pt", "te-fp8")
+    te_state = load_checkpoint(te_path)  # weights_only: no pickle anywhere
+    assert te_state["model_recipe"]["precision"] == "te-fp8"
+    assert te_state["train_config"]["precision"] == "te-fp8"
+    assert not any(k.rsplit(".", 1)[-1].startswith("fp8_") for k in te_state["model"])
+    fc = te_state["model"]["blocks.1.mlp.fc._extra_state"]
+    assert fc["format"] == TE_STATE_FORMAT and fc["recipe"]["amax_history_len"] == 1024
+    assert torch.equal(
+        fc["amax_history_fwd"], original["model"]["blocks.1.mlp.fc.fp8_amax_history_fwd"]
+    )
+    assert torch.equal(fc["scale_bwd"], original["model"]["blocks.1.mlp.fc.fp8_scale_bwd"])
+    assert te_state["model"]["blocks.0.ln1._extra_state"].numel() == 0
+    assert te_state["optimizer"]["state"].keys() == original["optimizer"]["state"].keys()
+
+    te_model = _te_model(1)  # the te-fp8 checkpoint loads into TE modules, without pickle
+    load_model_state_dict(te_model, te_state["model"])
+    meta = te_model.blocks[1].mlp.fc.fp8_meta
+    assert meta["recipe"] == _TEDelayedScaling() and meta["fp8_max_bwd"] == 57344.0
+    assert torch.equal(meta["scaling_fwd"].scale, fc["scale_fwd"])
+    assert torch.equal(te_model.blocks[1].mlp.fc.weight, first.model.blocks[1].mlp.fc.weight)
+    saved_again = model_state_dict(te_model)  # and TE's state comes back out the same
+    assert torch.equal(
+        saved_again["blocks.1.mlp.fc._extra_state"]["amax_history_bwd"], fc["amax_history_bwd"]
+    )
+
+    back = convert_checkpoint(te_state, "fp8")
+    assert back["model"].keys() == original["model"].keys()
+    for key, value in original["model"].items():
+        assert torch.equal(back["model"][key], value), key
+    back_path = save_checkpoint(tmp_path / "back.pt", back)
+    torch.manual_seed(123)
+    second = short_run(GPT(RUN_CFG), data(), "fp8", 6)
+    second.resume(back_path)
+    second.train()
+    assert [r["loss"] for r in second.history] == [r["loss"] for r in straight.history]
+
+
+def test_conversion_refuses_what_does_not_fit(
+    tmp_path: Path, data_factory: Callable[..., TokenData], short_run: Callable[..., Trainer]
+) -> None:
+    from tutorial_lib.checkpoint import convert_checkpoint_file
+    from tutorial_lib.fp8.te_checkpoint import convert_checkpoint
+
+    torch.manual_seed(0)
+    bf16 = short_run(GPT(RUN_CFG), data_factory(block_size=32), "bf16", 1)
+    bf16.train()
+    state = bf16.state_dict()
+    with pytest.raises(ValueError, match="in precision 'bf16'.*needs one trained in 'fp8'"):
+        convert_checkpoint(state, "te-fp8")
+    with pytest.raises(ValueError, match="Can convert to"):
+        convert_checkpoint(state, "mxfp8")
+    fp8 = short_run(GPT(RUN_CFG), data_factory(block_size=32), "fp8", 1)
+    fp8.train()
+    state = fp8.state_dict()
+    with pytest.raises(ValueError, match="in precision 'fp8'.*needs one trained in 'te-fp8'"):
+        convert_checkpoint(state, "fp8")
+    te = convert_checkpoint(state, "te-fp8")
+    pickled = dict(te, model=dict(te["model"]))  # TE's own pickle, as model.state_dict() writes
+    pickled["model"]["blocks.0.attn.qkv._extra_state"] = torch.ones(8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="pickled extra state.*Resume it once under te-fp8"):
+        convert_checkpoint(pickled, "fp8")
+    short = dict(te, model=dict(te["model"]))
+    extra = dict(short["model"]["blocks.0.attn.qkv._extra_state"])
+    extra["recipe"] = dict(extra["recipe"], amax_history_len=16)
+    extra["amax_history_fwd"] = extra["amax_history_fwd"][:16]
+    extra["amax_history_bwd"] = extra["amax_history_bwd"][:16]
+    short["model"]["blocks.0.attn.qkv._extra_state"] = extra
+    with pytest.raises(ValueError, match="saved under .*amax_history_len': 16"):
+        convert_checkpoint(short, "fp8")
+    fused = dict(state, model_recipe=dict(state["model_recipe"], fused=True))
+    with pytest.raises(ValueError, match="unfused, single-process"):
+        convert_checkpoint(fused, "te-fp8")
+    path = fp8.save(tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match="new file"):
+        convert_checkpoint_file(path, path, "te-fp8")
+    assert state["model_recipe"]["precision"] == "fp8"  # the input is never changed
+
+
+def test_convert_checkpoint_command_and_the_trainers_hint(
+    tmp_path: Path,
+    data_factory: Callable[..., TokenData],
+    short_run: Callable[..., Trainer],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tutorial_lib.__main__ import main
+
+    torch.manual_seed(0)
+    trainer = short_run(GPT(RUN_CFG), data_factory(block_size=32), "fp8", 1)
+    trainer.train()
+    src = trainer.save(tmp_path / "fp8.pt")
+    dst = tmp_path / "te.pt"
+    assert main(["convert-checkpoint", str(src), str(dst), "--to", "te-fp8"]) == 0
+    assert "resume it with --precision te-fp8" in capsys.readouterr().out
+    converted = load_checkpoint(dst)
+    assert converted["model_recipe"]["precision"] == "te-fp8"
+    # an fp8 Trainer offered the te-fp8 checkpoint names the way back
+    with pytest.raises(ValueError, match="convert-checkpoint CKPT NEW --to fp8"):
+        trainer.check_compatible(converted)
+    assert main(["convert-checkpoint", str(dst), str(tmp_path / "x.pt"), "--to", "te-fp8"]) == 1
+    assert "needs one trained in 'fp8'" in capsys.readouterr().err

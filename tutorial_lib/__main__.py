@@ -155,7 +155,24 @@ def build_parser() -> argparse.ArgumentParser:
         "(default), or evenly over the survivors, the paper's assumption (NTP then needs the "
         "paper's 16 spare domains, not 24)",
     )
+    convert = sub.add_parser(
+        "convert-checkpoint",
+        help="move a delayed-scaling run between fp8 (FP8Linear) and te-fp8 (Transformer Engine)",
+    )
+    convert.add_argument("src", type=Path, help="a Trainer checkpoint (checkpoint.pt)")
+    convert.add_argument("dst", type=Path, help="where to write the converted checkpoint")
+    convert.add_argument(
+        "--to", required=True, choices=("fp8", "te-fp8"), help="the precision to resume in"
+    )
     return parser
+
+
+def _convert_checkpoint(args: argparse.Namespace) -> int:
+    from .checkpoint import convert_checkpoint_file
+
+    path = convert_checkpoint_file(args.src, args.dst, args.to)
+    print(f"wrote {path}: resume it with --precision {args.to} --resume {path}")
+    return 0
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -432,7 +449,13 @@ def _ntp_reproduce(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands = {"info": _info, "train": _train, "bench": _bench, "ntp-reproduce": _ntp_reproduce}
+    commands = {
+        "info": _info,
+        "train": _train,
+        "bench": _bench,
+        "ntp-reproduce": _ntp_reproduce,
+        "convert-checkpoint": _convert_checkpoint,
+    }
     try:
         return commands[args.command](args)
     except (ValueError, FileNotFoundError, RuntimeError, KeyError) as exc:

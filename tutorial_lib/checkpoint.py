@@ -28,6 +28,7 @@ __all__ = [
     "CheckpointError",
     "save_checkpoint",
     "load_checkpoint",
+    "convert_checkpoint_file",
     "model_state_dict",
     "load_model_state_dict",
 ]
@@ -98,6 +99,18 @@ def _corrupt(path: Path, exc: BaseException) -> CheckpointError:
 
 
 # ---- a model's state, Transformer Engine's FP8 extra state included --------------------------
+def convert_checkpoint_file(src: str | Path, dst: str | Path, to: str) -> Path:
+    """A Trainer checkpoint moved between the ``fp8`` and ``te-fp8`` layouts
+    (``fp8.te_checkpoint.convert_checkpoint``), from file ``src`` to a new file ``dst`` (written
+    atomically; never over ``src``, so the original is kept). Returns ``dst``'s path."""
+    from .fp8.te_checkpoint import convert_checkpoint
+
+    src, dst = Path(src), Path(dst)
+    if src.resolve() == dst.resolve():
+        raise ValueError(f"Write the converted checkpoint to a new file, not over {src}.")
+    return save_checkpoint(dst, convert_checkpoint(load_checkpoint(src), to))
+
+
 def model_state_dict(model: torch.nn.Module) -> dict[str, Any]:
     """``model.state_dict()``, with each TE module's ``_extra_state`` (pickled bytes) replaced by
     the same content as tensors and plain data (``fp8.te_state.te_extra_state``; an empty

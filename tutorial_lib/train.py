@@ -368,9 +368,16 @@ class Trainer:
             )
         saved = state.get("model_recipe", {}).get("precision", self.recipe.precision)
         if saved != self.recipe.precision:
+            move = {saved, self.recipe.precision} == {"fp8", "te-fp8"}
+            hint = (
+                f", or convert it: python -m tutorial_lib convert-checkpoint CKPT NEW --to "
+                f"{self.recipe.precision}"
+                if move
+                else ", or start again"
+            )
             raise ValueError(
                 f"The checkpoint was trained in precision {saved!r}, this model is built for "
-                f"{self.recipe.precision!r}: resume with --precision {saved}, or start again."
+                f"{self.recipe.precision!r}: resume with --precision {saved}{hint}."
             )
 
     def load_run_state(self, state: dict[str, Any]) -> None:

@@ -15,7 +15,9 @@ checkpointing that replays the first forward's scales, TE's ``checkpoint``), ``p
 optional Transformer Engine backend: ``te_contract`` (the TE API it relies on, checked against
 TE's source; the guarded TE import), ``te_convert`` (``TELayers``, ``convert_to_te``, fused or
 not), ``te_policy`` (``te_autocast`` and the ``te-fp8`` and ``te-fp8-fused`` policies) and
-``te_state`` (TE's FP8 ``_extra_state`` as tensors and plain data, no pickle). ``ddp`` keeps
+``te_state`` (TE's FP8 ``_extra_state`` as tensors and plain data, no pickle) and
+``te_checkpoint`` (``convert_checkpoint``: a delayed-scaling run moved between ``fp8`` and
+``te-fp8``). ``ddp`` keeps
 the FP8 buffers out of ``DistributedDataParallel``'s buffer broadcast.
 Importing this package registers ``fp8``, ``fp8-current``, ``fp8-block``, ``mxfp8``, ``nvfp4``,
 ``fp8-rowwise``, ``te-fp8`` and ``te-fp8-fused`` in ``tutorial_lib.precision``.
@@ -91,6 +93,7 @@ from .stats import (
     quant_stats,
     scale_for,
 )
+from .te_checkpoint import convert_checkpoint
 from .te_state import from_te_extra_state, to_te_extra_state
 
 __all__ = [
@@ -168,6 +171,7 @@ __all__ = [
     "fp8_buffer_names",
     # TE extra state
     "to_te_extra_state",
+    "convert_checkpoint",
     "from_te_extra_state",
     # policy
     "FP8_POLICY_NAME",
