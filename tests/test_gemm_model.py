@@ -211,16 +211,21 @@ def test_ceiling_constant_is_what_the_calibration_rows_give() -> None:
     assert calibrate_gemm_ceiling() == pytest.approx(A100_GEMM_CEILING, abs=5e-4)
 
 
+def _report(what: str, summary: dict[str, float], held_out: float) -> str:
+    """The line pytest's summary prints for a validation (``conftest.pytest_terminal_summary``)."""
+    return (
+        f"cost model vs {what}: held-out mean |error| "
+        f"{100 * summary['held_out_mean_abs_error']:.2f}% over {held_out:.0f} runs (max "
+        f"{100 * summary['held_out_max_abs_error']:.1f}%); calibration runs "
+        f"{100 * summary['calibration_mean_abs_error']:.2f}%"
+    )
+
+
 def test_held_out_error_beats_calculon(record_property: Callable[[str, object], None]) -> None:
     table = gemm_validation_table()
     summary = validation_summary(table)
     assert summary["calibration_rows"] == 5 and summary["held_out_rows"] == 20
-    report = (
-        f"cost model vs {len(table)} published runs (A100): held-out mean |error| "
-        f"{100 * summary['held_out_mean_abs_error']:.2f}% over {summary['held_out_rows']} "
-        f"rows (max {100 * summary['held_out_max_abs_error']:.1f}%); calibration rows "
-        f"{100 * summary['calibration_mean_abs_error']:.2f}%"
-    )
+    report = _report(f"{len(table)} published runs (A100)", summary, summary["held_out_rows"])
     record_property("report", report)
     assert summary["held_out_mean_abs_error"] < CALCULON_MEAN_ERROR, report
     assert summary["held_out_max_abs_error"] < 0.10, report
@@ -283,12 +288,7 @@ def test_hopper_ceiling_constant_is_what_the_calibration_runs_give() -> None:
 def test_hopper_held_out_error(record_property: Callable[[str, object], None]) -> None:
     summary = hopper_validation_summary()
     assert summary["calibration_runs"] == 3 and summary["held_out_runs"] == 6
-    report = (
-        f"cost model vs Megatron-Core's H100 table: held-out mean |error| "
-        f"{100 * summary['held_out_mean_abs_error']:.2f}% over 6 runs (max "
-        f"{100 * summary['held_out_max_abs_error']:.1f}%); calibration runs "
-        f"{100 * summary['calibration_mean_abs_error']:.2f}%"
-    )
+    report = _report("Megatron-Core's H100 table", summary, summary["held_out_runs"])
     record_property("report", report)
     assert summary["held_out_mean_abs_error"] < CALCULON_MEAN_ERROR, report
     assert summary["held_out_max_abs_error"] < 0.12, report
