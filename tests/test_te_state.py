@@ -5,6 +5,7 @@ holding a stand-in TE module whose extra state is pickled and guarded as TE >= 2
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import io
 import os
@@ -405,7 +406,6 @@ def test_an_fp8_run_moves_to_te_and_back_and_resumes_exactly(
     )
     assert torch.equal(fc["scale_bwd"], original["model"]["blocks.1.mlp.fc.fp8_scale_bwd"])
     assert te_state["model"]["blocks.0.ln1._extra_state"].numel() == 0
-    assert te_state["optimizer"]["state"].keys() == original["optimizer"]["state"].keys()
 
     te_model = _te_model(1)  # the te-fp8 checkpoint loads into TE modules, without pickle
     load_model_state_dict(te_model, te_state["model"])
@@ -463,7 +463,7 @@ def test_conversion_refuses_what_does_not_fit(
     with pytest.raises(ValueError, match="saved under .*amax_history_len': 16"):
         convert_checkpoint(short, "fp8")
     fused = dict(state, model_recipe=dict(state["model_recipe"], fused=True))
-    with pytest.raises(ValueError, match="unfused, single-process"):
+    with pytest.raises(ValueError, match="one process"):
         convert_checkpoint(fused, "te-fp8")
     path = fp8.save(tmp_path / "ckpt.pt")
     with pytest.raises(ValueError, match="new file"):
@@ -472,24 +472,102 @@ def test_conversion_refuses_what_does_not_fit(
 
 
 def test_convert_checkpoint_command_and_the_trainers_hint(
-    tmp_path: Path,
-    data_factory: Callable[..., TokenData],
-    short_run: Callable[..., Trainer],
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Train with the CLI, convert to te-fp8 and back with the command, and resume with the
+    command it prints; an fp8 Trainer offered the te-fp8 checkpoint names the way back."""
     from tutorial_lib.__main__ import main
 
-    torch.manual_seed(0)
-    trainer = short_run(GPT(RUN_CFG), data_factory(block_size=32), "fp8", 1)
-    trainer.train()
-    src = trainer.save(tmp_path / "fp8.pt")
-    dst = tmp_path / "te.pt"
-    assert main(["convert-checkpoint", str(src), str(dst), "--to", "te-fp8"]) == 0
-    assert "resume it with --precision te-fp8" in capsys.readouterr().out
-    converted = load_checkpoint(dst)
+    common = ["--preset", "ci", "--batch-size", "2", "--device", "cpu", "--no-progress"]
+    first, te_dir, back_dir = tmp_path / "fp8", tmp_path / "te", tmp_path / "back"
+    assert main(["train", "--precision", "fp8", "--steps", "2", "--out", str(first), *common]) == 0
+    src, te = first / "checkpoint.pt", te_dir / "checkpoint.pt"
+    capsys.readouterr()
+    assert main(["convert-checkpoint", str(src), str(te), "--to", "te-fp8"]) == 0
+    out = capsys.readouterr().out
+    assert f"train --precision te-fp8 --out {te_dir} --resume" in out
+    converted = load_checkpoint(te)
     assert converted["model_recipe"]["precision"] == "te-fp8"
-    # an fp8 Trainer offered the te-fp8 checkpoint names the way back
+    assert (
+        main(["convert-checkpoint", str(te), str(back_dir / "checkpoint.pt"), "--to", "fp8"]) == 0
+    )
+    resume = ["train", "--precision", "fp8", "--steps", "3", "--out", str(back_dir), "--resume"]
+    assert main([*resume, *common]) == 0, capsys.readouterr().err
+    history = load_checkpoint(back_dir / "checkpoint.pt")["history"]
+    assert [r["step"] for r in history] == [0, 1, 2]
+    assert history[:2] == load_checkpoint(src)["history"]
+    fp8_trainer = _trainer_for(converted)
     with pytest.raises(ValueError, match="convert-checkpoint CKPT NEW --to fp8"):
-        trainer.check_compatible(converted)
-    assert main(["convert-checkpoint", str(dst), str(tmp_path / "x.pt"), "--to", "te-fp8"]) == 1
+        fp8_trainer.check_compatible(converted)
+    assert main(["convert-checkpoint", str(te), str(tmp_path / "x.pt"), "--to", "te-fp8"]) == 1
     assert "needs one trained in 'fp8'" in capsys.readouterr().err
+    assert main(["convert-checkpoint", str(src), str(tmp_path / "y.pt"), "--to", "fp8"]) == 1
+
+
+def _trainer_for(state: dict[str, Any]) -> Trainer:
+    """An fp8 Trainer of the checkpoint's model (one step, CPU)."""
+    from tutorial_lib.build import build_model
+
+    cfg = GPTConfig(**state["model_config"])
+    data = TokenData(torch.arange(4096) % 256, torch.arange(512) % 256, cfg.block_size, 0)
+    train = TrainConfig(steps=1, batch_size=2, eval_every=0, progress=False, precision="fp8")
+    return Trainer(build_model(cfg, precision="fp8"), data, train, device="cpu")
+
+
+def test_te_source_has_the_module_layout_we_convert(
+    te_source: Callable[[str, str], str],
+) -> None:
+    """te.Linear and te.LayerNorm name their parameters as nn.Linear and nn.LayerNorm do,
+    weight first (so weights and AdamW's state, indexed by parameter order, carry over), and a
+    LayerNorm without FP8 state saves an empty extra state."""
+    for version in ("2.9.0", "2.20.2"):
+        linear = te_source(version, "pytorch/module/linear.py")
+        assert 'self.weight_names = ["weight"]' in linear and 'self.bias_names = ["bias"]' in linear
+        weights = linear.index("self.weight_names[i],\n")  # the weight loop registers first,
+        assert weights < linear.index("self.bias_names[i],\n")  # the bias loop after it
+        norm = te_source(version, "pytorch/ops/basic/layer_norm.py")
+        weight = norm.index('self.register_parameter("weight", weight)')
+        assert weight < norm.index('self.register_parameter("bias", bias)')
+        op = te_source(version, "pytorch/ops/op.py")
+        assert "return torch.empty(0, dtype=torch.uint8)" in op, version
+
+
+@pytest.mark.parametrize(
+    ("to", "change", "match"),
+    [
+        ("te-fp8", lambda m: m.pop("blocks.0.attn.qkv.fp8_scale_bwd"), "no delayed-scaling"),
+        (
+            "te-fp8",
+            lambda m: m.update(
+                {
+                    k: v[:16]
+                    for k, v in m.items()
+                    if k.startswith("blocks.0.mlp.fc.fp8_amax_history")
+                }
+            ),
+            "amax history of 16 rows",
+        ),
+        ("fp8", lambda m: m.update({"blocks.0.ln1._extra_state": torch.ones(3)}), "LayerNorm"),
+        ("fp8", lambda m: m.update({"blocks.0.ln2._extra_state": {"a": 1}}), "LayerNorm"),
+        ("fp8", lambda m: m.pop("blocks.1.mlp.proj._extra_state"), "is missing"),
+    ],
+    ids=["missing-buffer", "history-length", "norm-state", "norm-dict", "missing-extra"],
+)
+def test_conversion_refuses_a_broken_model_state(
+    to: str, change: Callable[[dict[str, Any]], object], match: str
+) -> None:
+    from tutorial_lib.fp8.te_checkpoint import convert_checkpoint
+
+    state = _trainer_for({"model_config": dataclasses.asdict(RUN_CFG)}).state_dict()
+    if to == "fp8":
+        state = convert_checkpoint(state, "te-fp8")
+    change(state["model"])
+    with pytest.raises(ValueError, match=match):
+        convert_checkpoint(state, to)
+    for key, value in (("tp", 2), ("fused", True)):
+        other = dict(state, model_recipe=dict(state["model_recipe"], **{key: value}))
+        with pytest.raises(ValueError, match="one process"):
+            convert_checkpoint(other, to)
+    no_bias = dict(state, model_config=dict(state["model_config"], bias=False))
+    with pytest.raises(ValueError, match="without biases"):
+        convert_checkpoint(no_bias, to)

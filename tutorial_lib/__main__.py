@@ -171,7 +171,14 @@ def _convert_checkpoint(args: argparse.Namespace) -> int:
     from .checkpoint import convert_checkpoint_file
 
     path = convert_checkpoint_file(args.src, args.dst, args.to)
-    print(f"wrote {path}: resume it with --precision {args.to} --resume {path}")
+    train = f"python -m tutorial_lib train --precision {args.to}"
+    if path.name == "checkpoint.pt":
+        print(f"wrote {path}; resume it with: {train} --out {path.parent} --resume")
+    else:
+        print(
+            f"wrote {path}; to resume it, save it as DIR/checkpoint.pt and run: "
+            f"{train} --out DIR --resume"
+        )
     return 0
 
 

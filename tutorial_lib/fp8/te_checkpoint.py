@@ -25,7 +25,6 @@ the checkpoint's ``model_config`` builds (on the meta device: no memory, no TE).
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -67,9 +66,14 @@ def convert_checkpoint(state: dict[str, Any], to: str) -> dict[str, Any]:
         )
     if recipe.get("fused") or recipe.get("tp", 1) != 1:
         raise ValueError(
-            "Only unfused, single-process checkpoints convert: this one has "
-            f"fused={recipe.get('fused')}, tp={recipe.get('tp')} (te-fp8-fused names its "
-            "modules differently; tensor-parallel runs keep their own layout)."
+            "Only checkpoints of the plain layers on one process convert: this one has "
+            f"fused={recipe.get('fused')}, tp={recipe.get('tp')} (fused layers and tensor "
+            "parallelism keep other module layouts)."
+        )
+    if not state["model_config"].get("bias", True):
+        raise ValueError(
+            "A model without biases does not convert: TE's LayerNorm always has a bias, which "
+            "te-fp8 keeps as a frozen zero, so the parameters would not line up."
         )
     linears, norms = _layout(state["model_config"])
     model = dict(state["model"])
@@ -77,12 +81,9 @@ def convert_checkpoint(state: dict[str, Any], to: str) -> dict[str, Any]:
         _to_te(model, linears, norms)
     else:
         _from_te(model, linears, norms)
-    out = {k: v for k, v in state.items() if k != "model"}
-    out = copy.deepcopy(out)
-    out["model"] = model
-    out["model_recipe"]["precision"] = to
-    if isinstance(out.get("train_config"), dict) and "precision" in out["train_config"]:
-        out["train_config"]["precision"] = to
+    out = dict(state, model=model, model_recipe=dict(recipe, precision=to))
+    if isinstance(state.get("train_config"), dict) and "precision" in state["train_config"]:
+        out["train_config"] = dict(state["train_config"], precision=to)
     return out
 
 
@@ -148,8 +149,11 @@ def _from_te(model: dict[str, Any], linears: list[str], norms: list[str]) -> Non
                 model[f"{name}.{buffer}"] = getattr(meta, field)
     for name in norms:
         value = model.pop(f"{name}.{_EXTRA}", None)
-        if isinstance(value, torch.Tensor) and value.numel():
-            raise ValueError(f"{name}.{_EXTRA} holds state a LayerNorm should not have.")
+        if value is not None and not (isinstance(value, torch.Tensor) and value.numel() == 0):
+            raise ValueError(
+                f"{name}.{_EXTRA} holds state a LayerNorm without FP8 should not have "
+                f"({type(value).__name__}): not a checkpoint of an unfused te-fp8 run."
+            )
     leftover = sorted(k for k in model if k.endswith(_EXTRA))
     if leftover:
         raise ValueError(f"TE state FP8Linear has no place for: {leftover[:3]}.")
