@@ -22,13 +22,22 @@ def test_default_is_whole_and_even_splits_the_work_evenly() -> None:
     assert WHOLE.shard_split == "whole" and SHARD_SPLITS == ("whole", "even")
     # 32 divides 128 heads and the FFN: both splits agree on the healthy replica.
     assert WHOLE.per_microbatch(32) == EVEN.per_microbatch(32)
-    # Even: the GEMMs of TP 30 are exactly 32/30 of TP 32's; whole: the busiest rank does more.
-    ratio = {
+    # One efficiency for every GEMM (FLOPs decide): even, TP 30's GEMMs are exactly 32/30 of
+    # TP 32's; whole, the busiest rank does 8.13% more (5 heads against a mean of 4.27).
+    flat = {
+        s: TrainingJob.paper(shard_split=s, compute_efficiency=0.6).per_microbatch
+        for s in SHARD_SPLITS
+    }
+    ratio = {s: f(30)["compute"] / f(32)["compute"] for s, f in flat.items()}
+    assert ratio["even"] == pytest.approx(32 / 30, rel=1e-12)
+    assert ratio["whole"] == pytest.approx(32 / 30 * 1.0813, rel=1e-4)
+    # GEMMs timed from their shapes (the default): close to that, tiles and waves aside
+    shaped = {
         j.shard_split: j.per_microbatch(30)["compute"] / j.per_microbatch(32)["compute"]
         for j in (WHOLE, EVEN)
     }
-    assert ratio["even"] == pytest.approx(32 / 30, rel=1e-12)
-    assert ratio["whole"] == pytest.approx(32 / 30 * 1.0813, rel=1e-4)  # 5 heads vs 4.27
+    assert shaped["even"] == pytest.approx(32 / 30, rel=0.01)
+    assert shaped["whole"] / shaped["even"] == pytest.approx(1.0813, rel=0.03)
     for tp in (30, 28):
         assert EVEN.per_microbatch(tp)["memory_bound"] < WHOLE.per_microbatch(tp)["memory_bound"]
 
