@@ -33,18 +33,14 @@ from torch import nn
 from ..config import GPTConfig
 from ..model import GPT
 from .convert import convertible_linears
+from .delayed_linear import _BUFFERS  # FP8Linear's buffer names, forward and backward
 from .scaling import DelayedScaling, FP8ModuleState, ScalingMeta
 from .te_policy import te_recipe_kwargs
-from .te_state import TE_STATE_FORMAT, from_te_extra_state, to_te_extra_state
+from .te_state import _EXTRA, TE_STATE_FORMAT, from_te_extra_state, to_te_extra_state
 
 __all__ = ["CONVERTIBLE", "convert_checkpoint"]
 
 CONVERTIBLE = ("fp8", "te-fp8")
-_BUFFERS = {
-    "forward": ("fp8_amax_history_fwd", "fp8_scale_fwd", "fp8_scale_inv_fwd"),
-    "backward": ("fp8_amax_history_bwd", "fp8_scale_bwd", "fp8_scale_inv_bwd"),
-}
-_EXTRA = "_extra_state"
 
 
 def convert_checkpoint(state: dict[str, Any], to: str) -> dict[str, Any]:
