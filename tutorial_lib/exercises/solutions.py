@@ -121,7 +121,7 @@ def bias_gelu_kernel(
     y_ptr,
     N,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N

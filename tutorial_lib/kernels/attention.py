@@ -65,25 +65,23 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, causal: bool = True) ->
     return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
 
 
-# Kernel arguments other than constexprs are annotated Any: Triton reads the annotations,
-# and `int` or `float` would pin an argument to i32 or fp32 instead of specialising it per call.
 @triton.jit
 def _attn_fwd_kernel(
-    q_ptr: Any,
-    k_ptr: Any,
-    v_ptr: Any,
-    o_ptr: Any,
-    lse_ptr: Any,
-    T: Any,
-    D: Any,
-    scale: Any,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    lse_ptr,
+    T,
+    D,
+    scale,
     CAUSAL: tl.constexpr,
     F32_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-) -> None:
+):
     head = tl.program_id(1).to(tl.int64) * T * D  # (B * H) heads, each (T, D), contiguous
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -137,14 +135,14 @@ def _attn_fwd_kernel(
 
 @triton.jit
 def _attn_delta_kernel(
-    o_ptr: Any,
-    do_ptr: Any,
-    delta_ptr: Any,
-    R: Any,
-    D: Any,
+    o_ptr,
+    do_ptr,
+    delta_ptr,
+    R,
+    D,
     BLOCK: tl.constexpr,
     BLOCK_D: tl.constexpr,
-) -> None:
+):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     dims = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < R) & (dims[None, :] < D)
@@ -156,20 +154,20 @@ def _attn_delta_kernel(
 
 @triton.jit
 def _probs_and_dscores(
-    q: Any,
-    k: Any,
-    v: Any,
-    do: Any,
-    lse: Any,
-    delta: Any,
-    rows: Any,
-    cols: Any,
-    row_ok: Any,
-    col_ok: Any,
-    scale: Any,
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    rows,
+    cols,
+    row_ok,
+    col_ok,
+    scale,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-) -> Any:
+):
     """The backward kernels' shared core on a (query block, key block) tile: P recomputed from
     the stored logsumexp L (zero where masked), and dS = P * (dO V^T - delta)."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
@@ -183,24 +181,24 @@ def _probs_and_dscores(
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    q_ptr: Any,
-    k_ptr: Any,
-    v_ptr: Any,
-    do_ptr: Any,
-    lse_ptr: Any,
-    delta_ptr: Any,
-    dk_ptr: Any,
-    dv_ptr: Any,
-    T: Any,
-    D: Any,
-    scale: Any,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dk_ptr,
+    dv_ptr,
+    T,
+    D,
+    scale,
     CAUSAL: tl.constexpr,
     F32_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-) -> None:
+):
     head = tl.program_id(1).to(tl.int64) * T * D
     head_rows = tl.program_id(1).to(tl.int64) * T
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's keys
@@ -238,23 +236,23 @@ def _attn_bwd_dkdv_kernel(
 
 @triton.jit
 def _attn_bwd_dq_kernel(
-    q_ptr: Any,
-    k_ptr: Any,
-    v_ptr: Any,
-    do_ptr: Any,
-    lse_ptr: Any,
-    delta_ptr: Any,
-    dq_ptr: Any,
-    T: Any,
-    D: Any,
-    scale: Any,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dq_ptr,
+    T,
+    D,
+    scale,
     CAUSAL: tl.constexpr,
     F32_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-) -> None:
+):
     head = tl.program_id(1).to(tl.int64) * T * D
     head_rows = tl.program_id(1).to(tl.int64) * T
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # this program's queries

@@ -42,10 +42,8 @@ def bias_gelu_reference(x: Tensor, bias: Tensor | None = None) -> Tensor:
     return F.gelu(h, approximate="tanh").to(x.dtype)
 
 
-# Kernel arguments other than constexprs are annotated Any: Triton reads the annotations,
-# and `int` or `float` would pin an argument to i32 or fp32 instead of specialising it per call.
 @triton.jit
-def _gelu_tanh(h: Any) -> tuple[Any, Any]:
+def _gelu_tanh(h):
     """GELU(h) and tanh(u) for a float32 tile ``h`` (the backward reuses tanh(u))."""
     u = 0.7978845608028654 * (h + 0.044715 * h * h * h)  # sqrt(2/pi) * (h + 0.044715 h^3)
     # tanh from exp(-2|u|) <= 1: unlike (e^2u - 1) / (e^2u + 1), it cannot overflow.
@@ -56,15 +54,15 @@ def _gelu_tanh(h: Any) -> tuple[Any, Any]:
 
 @triton.jit
 def _bias_gelu_fwd_kernel(
-    x_ptr: Any,
-    bias_ptr: Any,
-    y_ptr: Any,
-    M: Any,
-    N: Any,
+    x_ptr,
+    bias_ptr,
+    y_ptr,
+    M,
+    N,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     # This program owns a BLOCK_M x BLOCK_N tile of the (M, N) matrix.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -80,17 +78,17 @@ def _bias_gelu_fwd_kernel(
 
 @triton.jit
 def _bias_gelu_bwd_kernel(
-    dy_ptr: Any,
-    x_ptr: Any,
-    bias_ptr: Any,
-    dx_ptr: Any,
-    dbias_partial_ptr: Any,
-    M: Any,
-    N: Any,
+    dy_ptr,
+    x_ptr,
+    bias_ptr,
+    dx_ptr,
+    dbias_partial_ptr,
+    M,
+    N,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     pid_m = tl.program_id(0)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)

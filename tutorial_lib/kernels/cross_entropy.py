@@ -69,20 +69,18 @@ def _check_targets(targets: Tensor, M: int, V: int, ignore_index: int) -> None:
         )
 
 
-# Kernel arguments other than constexprs are annotated Any: Triton reads the annotations,
-# and `int` or `float` would pin an argument to i32 or fp32 instead of specialising it per call.
 @triton.jit
 def _cross_entropy_fwd_kernel(
-    logits_ptr: Any,
-    targets_ptr: Any,
-    lse_ptr: Any,
-    loss_ptr: Any,
-    M: Any,
-    V: Any,
-    ignore_index: Any,
+    logits_ptr,
+    targets_ptr,
+    lse_ptr,
+    loss_ptr,
+    M,
+    V,
+    ignore_index,
     BLOCK_M: tl.constexpr,
     BLOCK_V: tl.constexpr,
-) -> None:
+):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     # Rows past the end re-read row M - 1 (never stored): a row of only -inf would make
@@ -115,17 +113,17 @@ def _cross_entropy_fwd_kernel(
 
 @triton.jit
 def _cross_entropy_bwd_kernel(
-    logits_ptr: Any,
-    targets_ptr: Any,
-    lse_ptr: Any,
-    scale_ptr: Any,
-    dlogits_ptr: Any,
-    M: Any,
-    V: Any,
-    ignore_index: Any,
+    logits_ptr,
+    targets_ptr,
+    lse_ptr,
+    scale_ptr,
+    dlogits_ptr,
+    M,
+    V,
+    ignore_index,
     BLOCK_M: tl.constexpr,
     BLOCK_V: tl.constexpr,
-) -> None:
+):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     row_start = rows.to(tl.int64) * V

@@ -67,27 +67,25 @@ def add_layer_norm_reference(
     return s, layer_norm_reference(s, weight, bias, eps)
 
 
-# Kernel arguments other than constexprs are annotated Any: Triton reads the annotations,
-# and `int` or `float` would pin an argument to i32 or fp32 instead of specialising it per call.
 @triton.jit
 def _layer_norm_fwd_kernel(
-    x_ptr: Any,
-    res_ptr: Any,
-    s_ptr: Any,
-    w_ptr: Any,
-    b_ptr: Any,
-    y_ptr: Any,
-    mean_ptr: Any,
-    rstd_ptr: Any,
-    M: Any,
-    N: Any,
-    eps: Any,
+    x_ptr,
+    res_ptr,
+    s_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    M,
+    N,
+    eps,
     HAS_RESIDUAL: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     # This program normalises BLOCK_M whole rows; BLOCK_N >= N so each row fits one tile.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -117,23 +115,23 @@ def _layer_norm_fwd_kernel(
 
 @triton.jit
 def _layer_norm_bwd_kernel(
-    dy_ptr: Any,
-    x_ptr: Any,
-    w_ptr: Any,
-    mean_ptr: Any,
-    rstd_ptr: Any,
-    ds_ptr: Any,
-    dx_ptr: Any,
-    dw_part_ptr: Any,
-    db_part_ptr: Any,
-    M: Any,
-    N: Any,
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    ds_ptr,
+    dx_ptr,
+    dw_part_ptr,
+    db_part_ptr,
+    M,
+    N,
     HAS_WEIGHT: tl.constexpr,
     HAS_DS: tl.constexpr,
     WEIGHT_GRADS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     # A grid of P programs walks the row tiles: program p takes tiles p, p + P, p + 2P, ...
     # so the partial-sum buffers stay (P, N) however many rows there are.
     pid, num_programs = tl.program_id(0), tl.num_programs(0)
@@ -167,9 +165,7 @@ def _layer_norm_bwd_kernel(
 
 
 @triton.jit
-def _sum_partials_kernel(
-    part_ptr: Any, out_ptr: Any, P: Any, N: Any, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
-) -> None:
+def _sum_partials_kernel(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     # Stage two of the reduction: this program owns BLOCK_N columns and adds up all P rows.
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_P, BLOCK_N), tl.float32)

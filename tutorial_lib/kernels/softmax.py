@@ -46,12 +46,8 @@ def softmax_reference(x: Tensor) -> Tensor:
     return torch.softmax(x.to(compute), dim=-1).to(x.dtype)
 
 
-# Kernel arguments other than constexprs are annotated Any: Triton reads the annotations,
-# and `int` or `float` would pin an argument to i32 or fp32 instead of specialising it per call.
 @triton.jit
-def _softmax_fwd_kernel(
-    x_ptr: Any, y_ptr: Any, M: Any, N: Any, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-) -> None:
+def _softmax_fwd_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -68,14 +64,14 @@ def _softmax_fwd_kernel(
 
 @triton.jit
 def _softmax_bwd_kernel(
-    dy_ptr: Any,
-    y_ptr: Any,
-    dx_ptr: Any,
-    M: Any,
-    N: Any,
+    dy_ptr,
+    y_ptr,
+    dx_ptr,
+    M,
+    N,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)

@@ -35,14 +35,9 @@ from .runtime import cdiv, tl, triton
 
 Tensor = torch.Tensor
 
-# Kernel arguments other than constexprs are annotated Any: Triton reads the annotations,
-# and `int` or `float` would pin an argument to i32 or fp32 instead of specialising it per call.
-
 
 @triton.jit
-def _sum_of_inputs(
-    x_ptr: Any, res_ptr: Any, s_ptr: Any, offsets: Any, mask: Any, HAS_RESIDUAL: tl.constexpr
-) -> Any:
+def _sum_of_inputs(x_ptr, res_ptr, s_ptr, offsets, mask, HAS_RESIDUAL: tl.constexpr):
     """A chunk of ``x`` in float32, or of ``s = x + residual`` rounded to ``s``'s dtype."""
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
@@ -53,23 +48,23 @@ def _sum_of_inputs(
 
 @triton.jit
 def _layer_norm_fwd_chunked_kernel(
-    x_ptr: Any,
-    res_ptr: Any,
-    s_ptr: Any,
-    w_ptr: Any,
-    b_ptr: Any,
-    y_ptr: Any,
-    mean_ptr: Any,
-    rstd_ptr: Any,
-    M: Any,
-    N: Any,
-    eps: Any,
+    x_ptr,
+    res_ptr,
+    s_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    M,
+    N,
+    eps,
     HAS_RESIDUAL: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     # Same arguments as _layer_norm_fwd_kernel, but N > BLOCK_N: the row comes in chunks.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -112,19 +107,19 @@ def _layer_norm_fwd_chunked_kernel(
 
 @triton.jit
 def _layer_norm_bwd_row_means_kernel(
-    dy_ptr: Any,
-    x_ptr: Any,
-    w_ptr: Any,
-    mean_ptr: Any,
-    rstd_ptr: Any,
-    mean_g_ptr: Any,
-    mean_gx_ptr: Any,
-    M: Any,
-    N: Any,
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    mean_g_ptr,
+    mean_gx_ptr,
+    M,
+    N,
     HAS_WEIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     # Backward pass 1: the row means of g = dy * w and of g * xhat, chunk by chunk.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -152,25 +147,25 @@ def _layer_norm_bwd_row_means_kernel(
 
 @triton.jit
 def _layer_norm_bwd_chunked_kernel(
-    dy_ptr: Any,
-    x_ptr: Any,
-    w_ptr: Any,
-    mean_ptr: Any,
-    rstd_ptr: Any,
-    mean_g_ptr: Any,
-    mean_gx_ptr: Any,
-    ds_ptr: Any,
-    dx_ptr: Any,
-    dw_part_ptr: Any,
-    db_part_ptr: Any,
-    M: Any,
-    N: Any,
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    mean_g_ptr,
+    mean_gx_ptr,
+    ds_ptr,
+    dx_ptr,
+    dw_part_ptr,
+    db_part_ptr,
+    M,
+    N,
     HAS_WEIGHT: tl.constexpr,
     HAS_DS: tl.constexpr,
     WEIGHT_GRADS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     # Backward pass 2, on a (P, column chunks) grid: program (p, c) owns columns chunk c of row
     # tiles p, p + P, ...; it writes their dx and one chunk of row p of the partial sums.
     pid, num_programs = tl.program_id(0), tl.num_programs(0)
@@ -205,9 +200,7 @@ def _layer_norm_bwd_chunked_kernel(
 
 
 @triton.jit
-def _softmax_fwd_chunked_kernel(
-    x_ptr: Any, y_ptr: Any, M: Any, N: Any, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-) -> None:
+def _softmax_fwd_chunked_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # Same arguments as _softmax_fwd_kernel, but N > BLOCK_N: the row comes in chunks.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -237,14 +230,14 @@ def _softmax_fwd_chunked_kernel(
 
 @triton.jit
 def _softmax_bwd_chunked_kernel(
-    dy_ptr: Any,
-    y_ptr: Any,
-    dx_ptr: Any,
-    M: Any,
-    N: Any,
+    dy_ptr,
+    y_ptr,
+    dx_ptr,
+    M,
+    N,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-) -> None:
+):
     # Same arguments as _softmax_bwd_kernel: pass 1 sums dy * y, pass 2 writes dx.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
