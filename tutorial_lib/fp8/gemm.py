@@ -39,10 +39,11 @@ Accumulation (``use_fast_accum``, from the recipe's ``MMParams``: fast = not spl
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["emulated_gemm", "scaled_gemm", "warn_emulated_once"]
+__all__ = ["ScaledMMCall", "emulated_gemm", "scaled_gemm", "scaled_mm_call", "warn_emulated_once"]
 
 
 def scaled_gemm(
@@ -68,7 +69,7 @@ def scaled_gemm(
     if any(d % 16 for d in (*a.shape, b.shape[1])):  # _scaled_mm's rule on CUDA
         _warn_emulated_shape(tuple(a.shape), tuple(b.shape))
         return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
-    return _scaled_mm_gemm(a, a_inv, b, b_inv, bias, out_dtype, use_fast_accum)
+    return scaled_mm_call(a, a_inv, b, b_inv, bias, out_dtype, use_fast_accum).run()
 
 
 def _is_cuda(t: torch.Tensor) -> bool:
@@ -97,7 +98,38 @@ def warn_emulated_once(key: object, message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
-def _scaled_mm_gemm(
+@dataclass(frozen=True)
+class ScaledMMCall:
+    """One ``torch._scaled_mm`` call as the GPU path makes it (``scaled_mm_call`` builds it),
+    and what happens to its output: a cast to ``result_dtype``, then ``bias_after`` added in
+    float32 where CUDA cannot fuse the bias (float32 output)."""
+
+    mat_a: torch.Tensor  # (M, K) FP8, row-major
+    mat_b: torch.Tensor  # (K, N) FP8, column-major
+    scale_a: torch.Tensor  # float32: 0-d, or (M, 1) row-wise
+    scale_b: torch.Tensor  # float32: 0-d, or (1, N) row-wise
+    bias: torch.Tensor | None  # (N,) in out_dtype (BF16 or FP16 only), fused into the GEMM
+    out_dtype: torch.dtype
+    use_fast_accum: bool
+    result_dtype: torch.dtype
+    bias_after: torch.Tensor | None
+
+    def run(self) -> torch.Tensor:
+        out = torch._scaled_mm(
+            self.mat_a,
+            self.mat_b,
+            scale_a=self.scale_a,
+            scale_b=self.scale_b,
+            bias=self.bias,
+            out_dtype=self.out_dtype,
+            use_fast_accum=self.use_fast_accum,
+        ).to(self.result_dtype)
+        if self.bias_after is None:
+            return out
+        return (out.float() + self.bias_after.float()).to(self.result_dtype)
+
+
+def scaled_mm_call(
     a: torch.Tensor,
     a_inv: torch.Tensor,
     b: torch.Tensor,
@@ -105,22 +137,27 @@ def _scaled_mm_gemm(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     use_fast_accum: bool,
-) -> torch.Tensor:
-    """The one call of ``torch._scaled_mm`` (CUDA only; the second operand made column-major)."""
+) -> ScaledMMCall:
+    """The arguments ``scaled_gemm`` hands ``torch._scaled_mm`` on a GPU: a pure function, so a
+    test on any machine checks exactly what CUDA would receive (its rules: REFERENCE.md).
+
+    CUDA's kernel wants the first operand row-major and the second column-major, float32
+    scales, and a bias only with BF16 or FP16 output and in that dtype; row-wise scales return
+    BF16 only (torchao asks for BF16 there too), and the result is then cast."""
     rowwise = a_inv.numel() > 1 or b_inv.numel() > 1
-    # torch._scaled_mm's row-wise mode returns BF16 only (torchao asks for BF16 there too)
     mm_dtype = torch.bfloat16 if rowwise else out_dtype
     fused = bias is not None and mm_dtype in (torch.bfloat16, torch.float16)
-    out = torch._scaled_mm(
-        a.contiguous(),
-        b.t().contiguous().t(),
-        scale_a=a_inv,
-        scale_b=b_inv,
-        bias=bias if fused else None,
+    return ScaledMMCall(
+        mat_a=a.contiguous(),
+        mat_b=b.t().contiguous().t(),
+        scale_a=a_inv.to(torch.float32).contiguous(),
+        scale_b=b_inv.to(torch.float32).contiguous(),
+        bias=bias.to(mm_dtype).contiguous() if fused and bias is not None else None,
         out_dtype=mm_dtype,
         use_fast_accum=use_fast_accum,
-    ).to(out_dtype)
-    return out + bias if bias is not None and not fused else out
+        result_dtype=out_dtype,
+        bias_after=None if fused else bias,
+    )
 
 
 def emulated_gemm(

@@ -35,13 +35,21 @@ with the emulation on a real sm_90 GPU (``fp8_recipe_gemm`` rows).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from .quantizers import QuantizedTensor
 from .quantizers.base import as_matrix
 
-__all__ = ["block_scaled_mm", "block_scale_operand", "native_block_problem", "BLOCK_SCALING"]
+__all__ = [
+    "BLOCK_SCALING",
+    "BlockScaledMMCall",
+    "block_scale_operand",
+    "block_scaled_mm",
+    "block_scaled_mm_call",
+    "native_block_problem",
+]
 
 # our tile -> the name of torch's ScalingType member
 BLOCK_SCALING = {(1, 128): "BlockWise1x128", (128, 128): "BlockWise128x128"}
@@ -78,6 +86,66 @@ def native_block_problem(a: QuantizedTensor, b: QuantizedTensor) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class BlockScaledMMCall:
+    """One call of torch's blockwise GEMM (``torch.nn.functional.scaled_mm``) as the GPU path
+    makes it (``block_scaled_mm_call`` builds it), and the float32 bias added after it where the
+    output is float32 (CUDA fuses a bias only into BF16 or FP16 output)."""
+
+    mat_a: torch.Tensor  # (M, K) E4M3, row-major
+    mat_b: torch.Tensor  # (K, N) E4M3, column-major
+    scale_a: torch.Tensor  # block_scale_operand's layout
+    recipe_a: str  # a ScalingType member's name (BLOCK_SCALING)
+    scale_b: torch.Tensor
+    recipe_b: str
+    bias: torch.Tensor | None  # (N,) in out_dtype, fused
+    out_dtype: torch.dtype
+    use_fast_accum: bool
+    bias_after: torch.Tensor | None
+
+    def run(self) -> torch.Tensor:
+        from torch.nn.functional import ScalingType, scaled_mm
+
+        out = scaled_mm(
+            self.mat_a,
+            self.mat_b,
+            self.scale_a,
+            getattr(ScalingType, self.recipe_a),
+            self.scale_b,
+            getattr(ScalingType, self.recipe_b),
+            bias=self.bias,
+            output_dtype=self.out_dtype,
+            use_fast_accum=self.use_fast_accum,
+        )
+        if self.bias_after is None:
+            return out
+        return (out.float() + self.bias_after.float()).to(self.out_dtype)
+
+
+def block_scaled_mm_call(
+    a: QuantizedTensor,
+    b: QuantizedTensor,
+    out_dtype: torch.dtype,
+    use_fast_accum: bool = False,
+    bias: torch.Tensor | None = None,
+) -> BlockScaledMMCall:
+    """The arguments ``block_scaled_mm`` hands torch's blockwise kernel: a pure function, so a
+    test on any machine checks exactly what CUDA would receive."""
+    fused = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
+    return BlockScaledMMCall(
+        mat_a=as_matrix(a.data).contiguous(),
+        mat_b=as_matrix(b.data).contiguous().t(),
+        scale_a=block_scale_operand(a.scale_inv, a.tile),
+        recipe_a=BLOCK_SCALING[a.tile],
+        scale_b=block_scale_operand(b.scale_inv, b.tile),
+        recipe_b=BLOCK_SCALING[b.tile],
+        bias=bias.to(out_dtype).contiguous() if fused and bias is not None else None,
+        out_dtype=out_dtype,
+        use_fast_accum=use_fast_accum,
+        bias_after=None if fused else bias,
+    )
+
+
 def block_scaled_mm(
     a: QuantizedTensor,
     b: QuantizedTensor,
@@ -88,20 +156,4 @@ def block_scaled_mm(
     """``a @ b^T (+ bias)`` on the GPU's FP8 tensor cores, the tile scales applied inside the
     GEMM; ``(M, K) x (N, K) -> (M, N)`` in ``out_dtype``. The caller checks
     ``native_block_problem`` first."""
-    from torch.nn.functional import ScalingType, scaled_mm
-
-    fused = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
-    out = scaled_mm(
-        as_matrix(a.data).contiguous(),
-        as_matrix(b.data).contiguous().t(),
-        block_scale_operand(a.scale_inv, a.tile),
-        getattr(ScalingType, BLOCK_SCALING[a.tile]),
-        block_scale_operand(b.scale_inv, b.tile),
-        getattr(ScalingType, BLOCK_SCALING[b.tile]),
-        bias=bias.to(out_dtype) if fused and bias is not None else None,
-        output_dtype=out_dtype,
-        use_fast_accum=use_fast_accum,
-    )
-    if bias is None or fused:
-        return out
-    return (out.float() + bias.float()).to(out_dtype)
+    return block_scaled_mm_call(a, b, out_dtype, use_fast_accum, bias).run()
