@@ -1,29 +1,29 @@
 #!/usr/bin/env python3
-"""Run the whole book on one GPU and record the results (issue 9): ``make hopper-check``.
+"""The device check: what one H100/H200 can tell us in about 6 minutes, returned as it goes.
 
-    python scripts/hopper_check.py [--preset hopper] [--results benchmarks/results]
-                                   [--budget-s 480] [--skip-notebooks] [--only STEP]
-                                   [--jobs 2] [--bundle results.tar.gz]
+    python3 scripts/hopper_check.py --out OUT [--preset hopper] [--budget-s 390] [--dry-run]
 
-Steps, in this order, each a subprocess of this Python with ``TUTORIAL_PRESET`` set (and
-``TUTORIAL_RESULTS_DIR`` = DIR, so the notebooks, run last, show the results just recorded):
+Runs on the lent GPU machine as it is (its Python with a CUDA torch and Triton; no venv, no
+network, no Jupyter: ``benchmarks/README.md`` gives the exact command, with the wheels it
+brings). Stages, in order of value; each writes into ``OUT`` the moment it ends, so a run cut
+short at any point still returns everything finished before:
 
-1. ``precision``, ``fp8`` and ``fusion``: ``benchmarks/<name>.py --preset P --out DIR``;
-2. ``ladder``: ``python -m tutorial_lib bench --ladder --preset P --out DIR``;
-3. ``notebooks``: every chapter under nbmake (``pytest -n 2 --nbmake book/chapters``; ``--jobs``),
-   in place and without ``--overwrite``: the notebooks are checked, not rewritten. Two at once
-   share the GPU, so their printed timings are contended; nothing of theirs is recorded.
+1. ``env``: the environment stamp (GPU, driver, CUDA, torch, Triton, Python, date);
+2. ``smoke`` (``tests/device_smoke.py``, about a minute): every Triton kernel against its
+   reference, every natively run FP8 recipe's GEMM against our emulation, two training steps
+   under every policy;
+3. ``precision``, ``fp8``, ``fusion``: the recorded benchmarks (``benchmarks/*.py``), shortened;
+4. ``ladder``: a short ablation ladder (``python -m tutorial_lib bench --ladder``);
+5. ``notebooks``: the chapters under nbmake, one at a time and in order, while time is left.
 
-The recorded results come first: they are what the chapters read (``perf.latest_hopper_results``),
-so when time runs short it is the notebook check that is cut, not the measurements. Each step's
-timeout is what is left of ``--budget-s`` minus the shares (``RESERVE``) kept for the selected
-steps after it, so a step may use what an earlier one left and the part of the budget nobody
-reserves; the last step gets all that is left. At the end
-``DIR/hopper_check-<preset>.json`` and ``.md`` record the environment stamp
-(``perf.environment_stamp``: GPU, driver, CUDA, torch, Triton, Python, date), each step's status,
-duration and the files it wrote, and every result row that was skipped with its reason.
-``--bundle`` packs those files into one ``.tar.gz`` (one file is easy to copy back from an offline GPU machine).
-Exit status 1 when a step failed, timed out or found no budget left.
+``OUT`` receives at most five flat files, whatever happens (the device returns at most 8 files
+of 16 MiB): ``report.json`` and ``report.md`` (rewritten after every stage and notebook),
+``smoke.json`` (after every check), ``results.tar.gz`` (every result file written so far, in the
+format ``benchmarks/`` commits) and the log the command tees. Each stage is a subprocess with a
+timeout: its cap (``CAPS``) or what is left of ``--budget-s``, whichever is less; the notebooks
+get what the stages before them left. ``--dry-run``: the same stages at the ``ci`` preset on
+any machine, shortened to fit ``DRY_BUDGET_S`` (``tests/test_hopper_check.py`` runs it).
+Exit status 1 when a stage failed or timed out.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,92 +43,53 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-MIN_STEP_S = 30.0  # a step gets at least this long, or what is left if that is less
-STEP_NAMES = ("precision", "fp8", "fusion", "ladder", "notebooks")
-# The fraction of the budget each step keeps for itself while the steps before it run. Together
-# 0.7: the other 0.3 goes to whichever step needs it first, so a benchmark that runs long is
-# not killed (losing its results) to keep the notebook check's full share.
-RESERVE = {"precision": 0.05, "fp8": 0.05, "fusion": 0.15, "ladder": 0.25, "notebooks": 0.2}
-
+BUDGET_S = 390.0  # about 6.5 minutes: a second try fits in the device's 15 minutes
+DRY_BUDGET_S = 120.0
+# Seconds a stage may take at most (device run, dry run). The notebooks take what is left.
+CAPS = {
+    "smoke": (120, 45),
+    "precision": (50, 20),
+    "fp8": (40, 20),
+    "fusion": (50, 40),
+    "ladder": (50, 20),
+}
+MIN_NOTEBOOK_S = 20.0  # do not start a notebook with less time than this left
+# The shortened arguments of each stage (device run, dry run).
+SHORT = {
+    "precision": (["--steps", "5"], ["--steps", "1", "--policies", "fp32,bf16,fp8"]),
+    "fp8": (["--iters", "10"], ["--sizes", "128", "--iters", "1"]),
+    "fusion": (["--iters", "10", "--steps", "5"], ["--iters", "1", "--steps", "1"]),
+    "ladder": (["--steps", "20"], ["--steps", "2", "--rungs", "1,2"]),
+}
 Runner = Callable[[Sequence[str], dict[str, str], float], "int | None"]
 
 
-@dataclass(frozen=True)
-class Step:
-    """One subprocess; ``{timeout}`` in ``argv`` becomes its timeout in whole seconds."""
-
-    name: str
-    argv: tuple[str, ...]
-    reserve: float  # fraction of the budget kept for it (RESERVE)
-    env: dict[str, str] = field(default_factory=dict)
-    skip: str | None = None  # why it is not run (not selected)
-
-
 @dataclass
-class StepResult:
+class StageResult:
     name: str
-    status: str  # ok | failed | skipped
+    status: str  # ok | failed | timed out | not run
     seconds: float = 0.0
-    reason: str = ""
     timeout_s: float | None = None
+    detail: str = ""
     files: list[str] = field(default_factory=list)
-    incomplete: bool = False  # skipped for lack of budget: the run did not finish
 
 
-def plan_steps(
-    preset: str,
-    results: Path,
-    python: str = sys.executable,
-    skip_notebooks: bool = False,
-    only: str | None = None,
-    cpu: bool = False,
-    jobs: int = 2,
-) -> list[Step]:
-    """The five steps for ``preset`` writing into ``results``; unselected ones carry ``skip``."""
-    out = ["--preset", preset, "--out", str(results)]
-    nb_env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if cpu else {}
-    argvs = {
-        name: (python, f"benchmarks/{name}.py", *out) for name in ("precision", "fp8", "fusion")
-    }
-    argvs["ladder"] = (python, "-m", "tutorial_lib", "bench", "--ladder", *out)
-    argvs["notebooks"] = (
-        python,
-        "-m",
-        "pytest",
-        "-n",
-        str(jobs),
-        "-p",
-        "no:cacheprovider",
-        "--nbmake",
-        "--nbmake-timeout={timeout}",
-        "book/chapters",
-    )
-    steps = []
-    for name in STEP_NAMES:
-        skip = None
-        if only is not None and name != only:
-            skip = f"not selected (--only {only})"
-        elif name == "notebooks" and skip_notebooks:
-            skip = "--skip-notebooks"
-        env = nb_env if name == "notebooks" else {}
-        steps.append(Step(name, argvs[name], RESERVE[name], env, skip))
-    return steps
+def stage_argv(name: str, preset: str, results: Path, out: Path, dry: bool) -> list[str]:
+    py = sys.executable
+    if name == "smoke":
+        return [py, "tests/device_smoke.py", "--preset", preset, "--json", str(out / "smoke.json")]
+    extra = SHORT[name][1 if dry else 0]
+    common = ["--preset", preset, "--out", str(results), *extra]
+    if name == "ladder":
+        return [py, "-m", "tutorial_lib", "bench", "--ladder", "--no-progress", *common]
+    return [py, f"benchmarks/{name}.py", *common]
 
 
-def step_timeout(remaining: float, budget: float, later_reserves: Sequence[float]) -> float:
-    """Seconds a step may run: what is left minus the later steps' reserves (fractions of the
-    budget), but at least ``MIN_STEP_S`` (or all that is left, if less)."""
-    reserved = budget * sum(later_reserves)
-    return max(min(MIN_STEP_S, remaining), remaining - reserved)
-
-
-def child_env(
-    preset: str, results: Path, extra: dict[str, str], base: dict[str, str] | None = None
-) -> dict[str, str]:
-    """The environment of a step: unbuffered output, the preset, the repository importable, and
-    ``TUTORIAL_RESULTS_DIR`` (so the notebooks, run last, show the results just recorded)."""
+def child_env(preset: str, results: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Unbuffered output, the preset, the repository importable, and ``TUTORIAL_RESULTS_DIR`` (so
+    the notebooks, run last, show the results just recorded)."""
     env = dict(os.environ if base is None else base)
-    env.pop("MPLBACKEND", None)  # notebooks keep their inline backend (figures in the output)
+    env.pop("MPLBACKEND", None)  # notebooks keep their inline backend
     path = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env.update(
         PYTHONUNBUFFERED="1",
@@ -135,7 +97,6 @@ def child_env(
         PYTHONPATH=os.pathsep.join(path),
         TUTORIAL_RESULTS_DIR=str(results),
     )
-    env.update(extra)
     return env
 
 
@@ -146,28 +107,114 @@ def run_subprocess(argv: Sequence[str], env: dict[str, str], timeout: float) -> 
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return _end_group(proc, None)
+        _end_group(proc)
+        return None
     except BaseException:
-        _end_group(proc, None)
+        _end_group(proc)
         raise
 
 
-def _end_group(proc: subprocess.Popen, code: int | None) -> int | None:
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+def _end_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
+            proc.wait(timeout=10)
+            return
         except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
+            return
         except subprocess.TimeoutExpired:
             continue
-    return code
 
 
-def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    """``{file name: (mtime_ns, size)}`` of the files in ``folder`` (empty if it is missing)."""
+class Check:
+    """The run: its clock, its stages' results, and ``OUT``'s files, rewritten as it goes."""
+
+    def __init__(self, out: Path, results: Path, preset: str, budget: float, env: dict[str, Any],
+                 runner: Runner = run_subprocess, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.out, self.results, self.preset, self.budget = out, results, preset, budget
+        self.env, self.runner, self.clock = env, runner, clock
+        self.start = clock()
+        self.stages: list[StageResult] = []
+        self.notebooks: list[StageResult] = []
+
+    def left(self) -> float:
+        return self.budget - (self.clock() - self.start)
+
+    def run(self, name: str, argv: Sequence[str], cap: float) -> StageResult:
+        timeout = min(cap, self.left())
+        if timeout < 5:
+            return StageResult(name, "not run", detail="no time left")
+        print(f"[hopper-check] {name}: {' '.join(argv[1:])} (timeout {timeout:.0f} s)", flush=True)
+        before, t0 = _snapshot(self.results), self.clock()
+        code = self.runner(argv, child_env(self.preset, self.results), timeout)
+        seconds = self.clock() - t0
+        files = sorted(n for n, s in _snapshot(self.results).items() if before.get(n) != s)
+        if code == 0:
+            return StageResult(name, "ok", seconds, timeout, files=files)
+        if code is None:
+            return StageResult(name, "timed out", seconds, timeout, f"after {timeout:.0f} s", files)
+        return StageResult(name, "failed", seconds, timeout, f"exit status {code}", files)
+
+    def record(self, result: StageResult, notebook: bool = False) -> None:
+        (self.notebooks if notebook else self.stages).append(result)
+        print(
+            f"[hopper-check] {result.name}: {result.status} {result.detail} ({result.seconds:.0f} s)",
+            flush=True,
+        )
+        self.write()
+
+    def ok(self) -> bool:
+        return all(r.status in ("ok", "not run") for r in self.stages + self.notebooks)
+
+    def write(self) -> None:
+        """``report.json``, ``report.md`` and ``results.tar.gz`` in ``OUT``, each atomically."""
+        report = {
+            "check": "hopper_check",
+            "preset": self.preset,
+            "environment": self.env,
+            "budget_s": self.budget,
+            "elapsed_s": round(self.clock() - self.start, 1),
+            "ok": self.ok(),
+            "stages": [asdict(r) for r in self.stages],
+            "notebooks": [asdict(r) for r in self.notebooks],
+        }
+        _atomic_text(self.out / "report.json", json.dumps(report, indent=1, default=str) + "\n")
+        _atomic_text(self.out / "report.md", markdown(report))
+        files = sorted(p for p in self.results.glob("*__*") if p.is_file())
+        tmp = self.out / "results.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as tar:
+            for p in files:
+                tar.add(p, arcname=p.name)
+        os.replace(tmp, self.out / "results.tar.gz")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    stamp = ", ".join(
+        f"{k} {env.get(k) or 'n/a'}"
+        for k in ("device", "driver", "cuda", "torch", "triton", "python")
+    )
+    lines = [
+        f"# hopper_check, preset {report['preset']}",
+        "",
+        f"Run on {env.get('date', '?')}: {stamp}.",
+        "",
+        f"Budget {report['budget_s']:.0f} s, {report['elapsed_s']:.0f} s so far; "
+        + ("every stage so far passed." if report["ok"] else "NOT every stage passed."),
+        "",
+        "| stage | status | seconds | timeout s | detail | files |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["stages"] + report["notebooks"]:
+        timeout = "" if r["timeout_s"] is None else f"{r['timeout_s']:.0f}"
+        detail = r["detail"].replace("|", "/").replace("\n", " ")[:200]
+        lines.append(
+            f"| {r['name']} | {r['status']} | {r['seconds']:.0f} | {timeout} | {detail} | {'<br>'.join(r['files'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     if not folder.is_dir():
         return {}
     return {
@@ -175,145 +222,59 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-def changed_files(before: dict, after: dict) -> list[str]:
-    return sorted(name for name, sig in after.items() if before.get(name) != sig)
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
-def run_steps(
-    steps: Sequence[Step],
-    preset: str,
-    results: Path,
-    budget: float,
-    runner: Runner = run_subprocess,
-    clock: Callable[[], float] = time.monotonic,
-) -> list[StepResult]:
-    """Run the selected steps in order within ``budget`` seconds; one status line each."""
-    start = clock()
-    todo = [s for s in steps if s.skip is None]
-    out = []
-    for step in steps:
-        if step.skip is not None:
-            out.append(StepResult(step.name, "skipped", reason=step.skip))
-        else:
-            remaining = budget - (clock() - start)
-            later = [s.reserve for s in todo[todo.index(step) + 1 :]]
-            out.append(_run_one(step, preset, results, remaining, budget, later, runner, clock))
-        r = out[-1]
-        print(
-            f"[hopper-check] {r.name}: {r.status}"
-            + (f" ({r.reason})" if r.reason else "")
-            + f", {r.seconds:.0f} s",
-            flush=True,
-        )
-    return out
-
-
-def _run_one(step, preset, results, remaining, budget, later, runner, clock) -> StepResult:
-    if remaining < 1.0:
-        return StepResult(step.name, "skipped", reason="no budget left", incomplete=True)
-    timeout = step_timeout(remaining, budget, later)
-    argv = [a.replace("{timeout}", str(int(timeout))) for a in step.argv]
-    print(f"[hopper-check] {step.name}: {' '.join(argv[1:])} (timeout {timeout:.0f} s)", flush=True)
-    before, t0 = snapshot(results), clock()
-    code = runner(argv, child_env(preset, results, step.env), timeout)
-    seconds = clock() - t0
-    files = changed_files(before, snapshot(results))
-    if code == 0:
-        return StepResult(step.name, "ok", seconds, "", timeout, files)
-    reason = f"timed out after {timeout:.0f} s" if code is None else f"exit status {code}"
-    return StepResult(step.name, "failed", seconds, reason, timeout, files)
-
-
-def skipped_rows(results: Path, files: Sequence[str]) -> list[str]:
-    """``"fp8_train: te-fp8: <reason>"`` for every result row written with a ``skipped`` reason."""
-    lines = []
-    for name in files:
-        if not name.endswith(".json") or "__" not in name:
-            continue
-        record = json.loads((results / name).read_text(encoding="utf-8"))
-        for row in record.get("rows", []):
-            if row.get("skipped"):
-                what = row.get("policy") or row.get("rung") or row.get("op") or "?"
-                extra = f" {row['impl']}" if row.get("impl") else ""
-                lines.append(f"{record.get('benchmark')}: {what}{extra}: {row['skipped']}")
-    return lines
-
-
-def write_report(
-    results: Path, preset: str, env: dict[str, Any], steps: Sequence[StepResult], budget: float
-) -> tuple[Path, Path]:
-    """``hopper_check-<preset>.json`` and ``.md`` in ``results``; returns both paths."""
-    results.mkdir(parents=True, exist_ok=True)
-    files = [f for r in steps for f in r.files]
-    record = {
-        "check": "hopper_check",
-        "preset": preset,
-        "environment": env,
-        "budget_s": budget,
-        "total_s": sum(r.seconds for r in steps),
-        "ok": exit_code(steps) == 0,
-        "steps": [asdict(r) for r in steps],
-        "skipped_rows": skipped_rows(results, files),
-    }
-    path = results / f"hopper_check-{preset}.json"
-    path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    stamp = ", ".join(
-        f"{k} {env.get(k) or 'n/a'}"
-        for k in ("device", "driver", "cuda", "torch", "triton", "python")
+def smoke_detail(out: Path) -> str:
+    """``N passed, M failed`` and the failed checks' names, from the smoke stage's JSON."""
+    path = out / "smoke.json"
+    if not path.is_file():
+        return "no checks finished"
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    failed = [f"{r['group']} {r['check']}" for r in rows if not r["ok"]]
+    return f"{len(rows) - len(failed)} passed, {len(failed)} failed" + (
+        f": {', '.join(failed)}" if failed else ""
     )
-    lines = [
-        f"# hopper_check, preset {preset}",
-        "",
-        f"Run on {env.get('date', '?')}: {stamp}.",
-        "",
-        env.get("device_summary") or "",
-        "",
-        f"Budget {budget:.0f} s, used {record['total_s']:.0f} s; "
-        f"{'all steps passed' if record['ok'] else 'NOT all steps passed'}.",
-        "",
-        "| step | status | seconds | timeout s | reason | files |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in steps:
-        timeout = "" if r.timeout_s is None else f"{r.timeout_s:.0f}"
-        lines.append(
-            f"| {r.name} | {r.status} | {r.seconds:.0f} | {timeout} | {r.reason} | "
-            f"{'<br>'.join(r.files)} |"
-        )
-    if record["skipped_rows"]:
-        lines += ["", "Result rows skipped, with the reason:", ""]
-        lines += [f"- {line}" for line in record["skipped_rows"]]
-    md = path.with_suffix(".md")
-    md.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path, md
 
 
-def exit_code(steps: Sequence[StepResult]) -> int:
-    return int(any(r.status == "failed" or r.incomplete for r in steps))
+def run_notebooks(check: Check, chapters: Sequence[Path], workdir: Path) -> None:
+    """Each chapter under nbmake in a staged copy of the book, in order, while time is left."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from stage_book import stage
 
-
-def bundle(target: Path, results: Path, names: Sequence[str]) -> Path:
-    """Pack ``results/<name>`` for each name into the ``.tar.gz`` ``target`` (flat names, so
-    ``tar -xzf target -C benchmarks/results`` puts them in place)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(target, "w:gz") as tar:
-        for name in dict.fromkeys(names):
-            tar.add(results / name, arcname=name)
-    return target
+    book = stage(ROOT / "book", workdir / "book")
+    for chapter in chapters:
+        left = check.left()
+        if left < MIN_NOTEBOOK_S:
+            check.record(
+                StageResult(chapter.stem, "not run", detail=f"no time left ({left:.0f} s)"),
+                notebook=True,
+            )
+            continue
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake",
+                f"--nbmake-timeout={int(left)}", str(book / "chapters" / chapter.name)]  # fmt: skip
+        check.record(check.run(chapter.stem, argv, left), notebook=True)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default=os.environ.get("TUTORIAL_PRESET") or "hopper")
-    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
-    p.add_argument("--budget-s", type=float, default=480.0, help="seconds for all steps together")
-    p.add_argument("--skip-notebooks", action="store_true")
-    p.add_argument("--jobs", type=int, default=2, help="notebooks run at once (pytest -n)")
-    p.add_argument("--only", choices=STEP_NAMES, help="run this step alone (debugging)")
-    p.add_argument("--bundle", type=Path, help="also pack every file written into this .tar.gz")
+    p.add_argument("--out", type=Path, required=True, help="the folder whose files come back")
+    p.add_argument("--preset", default=None, help="default: hopper (ci with --dry-run)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help=f"default {BUDGET_S:.0f} ({DRY_BUDGET_S:.0f} dry)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="the ci preset, shortened (any machine)")
+    p.add_argument("--stages", default="smoke,precision,fp8,fusion,ladder,notebooks")
+    p.add_argument("--chapters", default="", help="comma-separated notebook stems (default: all)")
     args = p.parse_args(argv)
-    if args.budget_s <= 0 or args.jobs < 1:
-        p.error(f"--budget-s and --jobs must be positive, got {args.budget_s}, {args.jobs}")
+    args.preset = args.preset or ("ci" if args.dry_run else "hopper")
+    args.budget_s = args.budget_s or (DRY_BUDGET_S if args.dry_run else BUDGET_S)
     return args
 
 
@@ -324,32 +285,38 @@ def _stamp(preset: str) -> dict[str, Any]:
     return {**environment_stamp(), "preset": preset}
 
 
-def main(
-    argv: Sequence[str] | None = None,
-    runner: Runner = run_subprocess,
-    stamp: Callable[[str], dict[str, Any]] = _stamp,
-) -> int:
+def main(argv: Sequence[str] | None = None, runner: Runner = run_subprocess,
+         stamp: Callable[[str], dict[str, Any]] = _stamp) -> int:  # fmt: skip
     args = parse_args(argv)
-    results = args.results.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="hopper-check-"))
+    results = workdir / "results"
+    results.mkdir()
+    t0 = time.monotonic()
     env = stamp(args.preset)
-    print(
-        f"[hopper-check] preset {args.preset} on {env.get('device_summary') or env['device']}; "
-        f"budget {args.budget_s:.0f} s; results in {results}",
-        flush=True,
+    check = Check(args.out.resolve(), results, args.preset, args.budget_s, env, runner)
+    check.record(
+        StageResult("env", "ok", time.monotonic() - t0, detail=env.get("device_summary") or "")
     )
-    cpu = env.get("device_type") != "cuda"
-    steps = plan_steps(
-        args.preset, results, sys.executable, args.skip_notebooks, args.only, cpu, args.jobs
-    )
-    done = run_steps(steps, args.preset, results, args.budget_s, runner)
-    json_path, md_path = write_report(results, args.preset, env, done, args.budget_s)
-    print(md_path.read_text(encoding="utf-8"))
-    if args.bundle is not None:
-        names = [f for r in done for f in r.files] + [json_path.name, md_path.name]
-        print(
-            f"[hopper-check] bundled {len(names)} files into {bundle(args.bundle, results, names)}"
+    wanted = args.stages.split(",")
+    for name in ("smoke", "precision", "fp8", "fusion", "ladder"):
+        if name not in wanted:
+            continue
+        result = check.run(
+            name,
+            stage_argv(name, args.preset, results, check.out, args.dry_run),
+            CAPS[name][args.dry_run],
         )
-    return exit_code(done)
+        if name == "smoke":
+            result.detail = f"{result.detail}; {smoke_detail(check.out)}".strip("; ")
+        check.record(result)
+    if "notebooks" in wanted:
+        names = [c for c in args.chapters.split(",") if c]
+        chapters = sorted((ROOT / "book" / "chapters").glob("*.ipynb"))
+        run_notebooks(check, [c for c in chapters if not names or c.stem in names], workdir)
+    check.write()
+    print((check.out / "report.md").read_text(encoding="utf-8"), flush=True)
+    return 0 if check.ok() else 1
 
 
 if __name__ == "__main__":

@@ -243,23 +243,26 @@ PRESETS: dict[str, RunPreset] = {
     "hopper": RunPreset(
         name="hopper",
         model="gpt2-124m",
-        batch_size=16,
-        steps=150,
-        eval_every=50,
-        eval_iters=10,
+        # Sized so that the whole book is estimated to run within 8 minutes on one H200
+        # (tutorial_lib.book_cost; tests/test_book_cost.py): a notebook shows each effect at
+        # the real model's shapes in a few dozen steps; long runs belong in benchmarks/.
+        batch_size=8,
+        steps=30,
+        eval_every=15,
+        eval_iters=4,
         lr=1e-3,
-        warmup_steps=30,
-        bench_warmup=5,
-        bench_iters=20,
-        bench_batch_size=16,
+        warmup_steps=10,
+        bench_warmup=3,
+        bench_iters=10,
+        bench_batch_size=8,
         # Wide enough that the GEMMs, not the launch, take the time (2 x 4096^3 FLOP is ~140 us
         # at BF16's dense peak); 1024 is the launch/L2-bound example (~2 us at that peak).
         gemm_widths=(4096, 6144, 8192),
         gemm_small_width=1024,
-        parity_steps=100,
-        parity_batch_size=16,
-        ladder_steps=100,
-        recipe_steps=100,
+        parity_steps=30,
+        parity_batch_size=8,
+        ladder_steps=20,
+        recipe_steps=20,
         sample_tokens=300,
         tokenizer="bpe",
         bpe_vocab=50257,  # GPT-2's, padded to 50,304 rows in the model

@@ -281,6 +281,17 @@ def _check_gpu(m: Machine) -> Check:
     )
 
 
+def _check_book_time() -> Check:
+    """The whole book's estimated time on one H200 at the hopper preset (``book_cost``): an
+    estimate from FLOP counts until a device run records the notebooks' times."""
+    from .book_cost import BOOK_BUDGET_S, estimate_book, format_estimate
+    from .config import PRESETS
+
+    hopper = PRESETS["hopper"]
+    over = sum(estimate_book(hopper).values()) > BOOK_BUDGET_S
+    return Check("book at hopper", OPTIONAL if over else OK, format_estimate(hopper))
+
+
 def _check_te(m: Machine) -> Check:
     available, reason = m.te
     if available:
@@ -319,6 +330,7 @@ def evaluate(machine: Machine) -> Readiness:
         preset_check,
         _check_gpu(machine),
         _check_te(machine),
+        _check_book_time(),
     )
     return Readiness(checks=checks, preset=preset)
 
