@@ -19,7 +19,8 @@ short at any point still returns everything finished before:
 ``OUT`` receives at most five flat files, whatever happens (the device returns at most 8 files
 of 16 MiB): ``report.json`` and ``report.md`` (rewritten after every stage and notebook),
 ``smoke.json`` (after every check), ``results.tar.gz`` (every result file written so far, in the
-format ``benchmarks/`` commits) and the log the command tees. Each stage is a subprocess with a
+format ``benchmarks/`` commits, this report among them as ``hopper_check__...``) and the log the
+command tees. Each stage is a subprocess with a
 timeout: its cap (``CAPS``) or what is left of ``--budget-s``, whichever is less; the notebooks
 get what the stages before them left. ``--dry-run``: the same stages at the ``ci`` preset on
 any machine, shortened to fit ``DRY_BUDGET_S`` (``tests/test_hopper_check.py`` runs it).
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tutorial_lib without installing it (the device machine)
 BUDGET_S = 390.0  # about 6.5 minutes: a second try fits in the device's 15 minutes
 DRY_BUDGET_S = 120.0
 # Seconds a stage may take at most (device run, dry run). The notebooks take what is left.
@@ -130,10 +132,10 @@ class Check:
     """The run: its clock, its stages' results, and ``OUT``'s files, rewritten as it goes."""
 
     def __init__(self, out: Path, results: Path, preset: str, budget: float, env: dict[str, Any],
-                 runner: Runner = run_subprocess, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 runner: Runner = run_subprocess, clock: Callable[[], float] | None = None) -> None:  # fmt: skip
         self.out, self.results, self.preset, self.budget = out, results, preset, budget
-        self.env, self.runner, self.clock = env, runner, clock
-        self.start = clock()
+        self.env, self.runner, self.clock = env, runner, clock or time.monotonic
+        self.start = self.clock()
         self.stages: list[StageResult] = []
         self.notebooks: list[StageResult] = []
 
@@ -180,6 +182,14 @@ class Check:
         }
         _atomic_text(self.out / "report.json", json.dumps(report, indent=1, default=str) + "\n")
         _atomic_text(self.out / "report.md", markdown(report))
+        # the same, as a result record to commit beside the benchmarks' (results.tar.gz)
+        from tutorial_lib.bench import write_results
+
+        smoke = self.out / "smoke.json"
+        meta = {k: report[k] for k in ("budget_s", "elapsed_s", "ok")}
+        meta["smoke"] = json.loads(smoke.read_text(encoding="utf-8")) if smoke.is_file() else []
+        rows = [asdict(r) for r in self.stages + self.notebooks]
+        write_results("hopper_check", rows, self.results, meta, environment=self.env)
         files = sorted(p for p in self.results.glob("*__*") if p.is_file())
         tmp = self.out / "results.tar.gz.tmp"
         with tarfile.open(tmp, "w:gz") as tar:
@@ -279,7 +289,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _stamp(preset: str) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))  # without an installed tutorial_lib (the device machine)
     from tutorial_lib.bench import environment_stamp
 
     return {**environment_stamp(), "preset": preset}
