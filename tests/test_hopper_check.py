@@ -47,17 +47,18 @@ def _returned(out: Path) -> list[Path]:
 
 
 def test_dry_run_runs_every_stage_and_returns_its_files(tmp_path: Path, record_property) -> None:
-    budget = 75
+    budget, chapters = 80, ["03_bf16_mixed_precision", "04_fp8_formats", "05_delayed_scaling"]
+    argv = [
+        "--dry-run",
+        "--out",
+        str(tmp_path),
+        "--budget-s",
+        str(budget),
+        "--chapters",
+        ",".join(chapters),
+    ]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "scripts/hopper_check.py",
-            "--dry-run",
-            "--out",
-            str(tmp_path),
-            "--budget-s",
-            str(budget),
-        ],
+        [sys.executable, "scripts/hopper_check.py", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -72,12 +73,11 @@ def test_dry_run_runs_every_stage_and_returns_its_files(tmp_path: Path, record_p
     assert all(s["status"] == "ok" for s in report["stages"])
     for stage in report["stages"][1:]:
         assert stage["timeout_s"] <= hc.CAPS[stage["name"]][1]  # the dry run's caps
-    assert [n["name"] for n in report["notebooks"]] == CHAPTERS
+    # the notebooks run in order while the budget lasts (how many depends on this machine's speed)
+    assert [n["name"] for n in report["notebooks"]] == chapters
     statuses = [n["status"] for n in report["notebooks"]]
-    assert set(statuses) <= {"ok", "not run"} and statuses[0] == "ok"
-    # the budget binds: the later chapters are reported as not run, and the run kept to it
-    assert statuses[-1] == "not run" and "no time left" in report["notebooks"][-1]["detail"]
-    assert report["elapsed_s"] <= budget + 10
+    assert set(statuses) <= {"ok", "cut", "not run"} and statuses[0] in ("ok", "cut")
+    assert report["elapsed_s"] <= budget + 15
     smoke = json.loads((tmp_path / "smoke.json").read_text())
     assert {r["group"] for r in smoke} == {"kernel", "gemm", "train"} and all(
         r["ok"] for r in smoke
@@ -85,10 +85,10 @@ def test_dry_run_runs_every_stage_and_returns_its_files(tmp_path: Path, record_p
     with tarfile.open(tmp_path / "results.tar.gz") as tar:
         packed = {m.name.split("__")[0] for m in tar.getmembers()}
     assert {"precision", "fp8_gemm", "fusion", "ladder", "hopper_check"} <= packed
-    ran = sum(s == "ok" for s in statuses)
     record_property(
         "report",
-        f"hopper_check --dry-run: {len(STAGES)} stages and {ran} chapters in {report['elapsed_s']:.0f} s of {budget}",
+        f"hopper_check --dry-run: {len(STAGES)} stages, notebooks {dict(zip(chapters, statuses, strict=True))}, "
+        f"{report['elapsed_s']:.0f} s of {budget}",
     )
 
 
@@ -177,6 +177,14 @@ def test_a_stage_that_times_out_is_reported_and_the_rest_still_run(
     assert fusion["status"] == "timed out" and fusion["seconds"] == hc.CAPS["fusion"][0]
     assert [n for n, _ in runner.calls][4] == "ladder"
     assert "timed out" in (tmp_path / "report.md").read_text()
+
+
+def test_a_notebook_cut_by_the_budget_is_not_a_failure(tmp_path: Path, monkeypatch) -> None:
+    code, report, _ = _main(tmp_path, monkeypatch, codes={"02_measuring_honestly": None})
+    assert code == 0 and report["ok"]
+    cut = report["notebooks"][1]
+    assert cut["status"] == "cut" and cut["detail"].startswith("the budget ran out")
+    assert {n["status"] for n in report["notebooks"][2:]} == {"not run"}
 
 
 def test_a_failed_stage_fails_the_run(tmp_path: Path, monkeypatch) -> None:
