@@ -56,6 +56,7 @@ def test_every_kernel_compiles_for_the_gpu(arch: int, tmp_path: Path, record_pro
         for dtype in ("fp32", "bf16", "fp16"):
             assert f"{preset} gpt step {dtype}" in cases
             assert f"{preset} flash attention {dtype}" in cases
+        assert f"{preset} gpt step fp8 bf16" in cases  # the fused FP8 rung: GELU without bias
     over = [
         f"{c['case']}: {c['kernel']} {c['constexprs']} needs {c['shared_bytes']} B"
         for c in report["compiled"]

@@ -15,7 +15,7 @@ What is launched is what the package launches, at the shapes each preset makes:
 
 - the fused GPT (``build_model(..., fused=True)``) forward and backward at the preset's batch and
   context, under FakeTensorMode (no memory, no arithmetic), in FP32 and under BF16 and FP16
-  autocast (the dtype mix a GPU run gives each kernel);
+  autocast (the dtype mix a GPU run gives each kernel), and under the ``fp8`` policy;
 - flash attention forward and backward at the preset's (B, H, T, D), softmax at chapter 7's
   attention-row shape, each in FP32, BF16 and FP16;
 - the chunked two-pass LayerNorm and softmax at rows wider than ``MAX_ROW_BLOCK``;
@@ -180,6 +180,27 @@ def _model_step(preset: Any, dtype: str) -> None:
         loss.backward()
 
 
+def _fp8_step(preset: Any, dtype: str) -> None:
+    """The fused GPT under the ``fp8`` policy (the ladder's fused FP8 rung): the GELU kernel gets
+    no bias there (the FP8 GEMM adds it). Its own autocast is BF16, so it runs once."""
+    from unittest import mock
+
+    from tutorial_lib.build import build_model
+    from tutorial_lib.precision import get_policy
+
+    if dtype != "bf16":
+        return
+    cfg = preset.model_config()
+    policy = get_policy("fp8")
+    with _fake():
+        with mock.patch.object(torch.nn.Module, "to", lambda self, *a, **k: self):
+            model = build_model(cfg, fused=True, precision="fp8")
+        idx = torch.zeros(preset.batch_size, cfg.block_size, dtype=torch.long)
+        with policy.autocast("cpu"):
+            _, loss = model(idx, idx)
+        loss.backward()
+
+
 def _attention(preset: Any, dtype: str) -> None:
     from tutorial_lib.kernels import flash_attention
 
@@ -229,6 +250,7 @@ def _exercise(preset: Any, dtype: str) -> None:
 
 CASES: dict[str, Callable[[Any, str], None]] = {
     "gpt step": _model_step,
+    "gpt step fp8": _fp8_step,
     "flash attention": _attention,
     "softmax": _softmax,
     "wide rows": _wide_rows,
