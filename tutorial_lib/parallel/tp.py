@@ -24,7 +24,7 @@ Checkpoints: ``gather_full`` and ``gather_full_optimizer`` turn the shards of th
 AdamW's moments into the single-process format; ``shard_state_dict`` and ``shard_optimizer_state``
 cut them again for any other map, so a run resumes at any TP degree.
 
-Where each part lives (this module re-exports them all): ``tp_linear``, the column- and
+Where each part lives (this module re-exports their public names): ``tp_linear``, the column- and
 row-parallel Linear layers; ``tp_model``, the ``TPLayers`` factory, ``TPGPT``, ``parallelize``,
 ``TPSpec``, ``shard_state_dict`` and ``tp_clip_grad_norm_``; ``tp_checkpoint``, the full state
 dicts, AdamW's moments and checkpoints gathered from the shards and cut again.
@@ -32,8 +32,6 @@ dicts, AdamW's moments and checkpoints gathered from the shards and cut again.
 
 from __future__ import annotations
 
-# Names outside __all__ (helpers, constants) too, as "x as x", for code that imported them here.
-from .tp_checkpoint import _OPTIM_TENSORS as _OPTIM_TENSORS
 from .tp_checkpoint import (
     gather_checkpoint,
     gather_full,
@@ -49,9 +47,6 @@ from .tp_linear import (
     row_bias,
     row_output,
 )
-from .tp_linear import _ShardedLinear as _ShardedLinear
-from .tp_model import COLUMN_ROLES as COLUMN_ROLES
-from .tp_model import ROW_ROLES as ROW_ROLES
 from .tp_model import (
     TPGPT,
     SequenceParallelLayerNorm,
@@ -63,11 +58,6 @@ from .tp_model import (
     tp_clip_grad_norm_,
     tp_layers,
 )
-from .tp_model import _fused_tp_layers as _fused_tp_layers
-from .tp_model import _local as _local
-from .tp_model import _spec_of as _spec_of
-from .tp_model import _through_f as _through_f
-from .tp_model import _units as _units
 
 __all__ = [
     "TPSpec",
