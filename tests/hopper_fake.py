@@ -117,6 +117,8 @@ def stand_in_hopper(calls: list[GemmCall]) -> Iterator[None]:
         for module in (linear, policy, recipes, precision):
             stack.enter_context(mock.patch.object(module, "cuda_capability", gpu))
         stack.enter_context(mock.patch.object(recipes, "_torch_cuda", lambda: CUDA))
+        # the "-emulated" policies registered for Hopper stay out of the other tests' registry
+        stack.enter_context(mock.patch.dict(precision.POLICIES))
         stack.enter_context(mock.patch.object(gemm, "_is_cuda", lambda t: True))
         stack.enter_context(mock.patch.object(torch, "_scaled_mm", scaled_mm))
         stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_mm", blockwise))
