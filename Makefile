@@ -36,7 +36,7 @@ help:
 	@echo "make sync    - copy the package's source into the chapters' code listings"
 	@echo "make lab     - open JupyterLab on book/"
 	@echo "make hopper-check - on one H100/H200: smoke test, benchmarks, ladder and notebooks in"
-	@echo "               about 6.5 minutes, results in $$HOPPER_OUT (benchmarks/README.md)"
+	@echo "               about 6 minutes, results in $$HOPPER_OUT (benchmarks/README.md)"
 	@echo "make clean   - remove build outputs (keeps .venv; 'make distclean' removes it too)"
 	@echo "TORCH=$(TORCH) (auto|cpu|system)"
 
@@ -165,7 +165,7 @@ browser-deps:
 	@test -x $(CHROMIUM) || (echo "no $(CHROMIUM): install Debian's chromium package, or set CHROMIUM=/path/to/chromium"; exit 1)
 
 # The device check on one H100/H200 (benchmarks/README.md): runs with $(PYTHON)'s CUDA torch as
-# it is (no .venv), about 6.5 minutes; report.md, smoke.json and results.tar.gz in $(HOPPER_OUT).
+# it is (no .venv), about 6 minutes; report.md, smoke.json and results.tar.gz in $(HOPPER_OUT).
 HOPPER_OUT ?= hopper_check_out
 hopper-check:
 	$(PYTHON) scripts/hopper_check.py --preset $(HOPPER_PRESET) --out $(HOPPER_OUT)

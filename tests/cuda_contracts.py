@@ -2,15 +2,17 @@
 
 A CPU test cannot call these kernels, and their CPU and meta versions check less (the CPU
 ``_scaled_mm`` takes a float32 bias; the meta one skips layouts for CPU tensors). So the rules
-are written out here, read from torch's CUDA sources and checked in the released binaries:
-
-- ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` (2.11; in 2.13 its recipe checks moved to
-  ``aten/src/ATen/native/ScaledBlasUtils.cpp``), ``aten/src/ATen/cuda/CUDABlas.cpp`` and
-  ``cuBlasCommonArgs.h``, and ``torch/nn/functional.py``'s ``scaled_mm`` (over
-  ``torch._scaled_mm_v2``);
-- the error strings below occur verbatim in both ``libtorch_cuda.so`` of torch 2.11.0+cu130
-  (the lent H200's torch) and 2.13.0+cu130 (our pin); no rule for FP8 on sm_90 changed between
-  them.
+are written out here, read from torch's CUDA sources: ``aten/src/ATen/native/cuda/
+ScaledBlas.cpp`` (in 2.13 its recipe checks moved to ``aten/src/ATen/native/ScaledBlasUtils.cpp``),
+``aten/src/ATen/cuda/CUDABlas.cpp``, ``cuBlasCommonArgs.h`` and ``torch/nn/functional.py``'s
+``scaled_mm`` over ``torch._scaled_mm_v2``. The sources read were the nearest stored to the
+2.11 and 2.13 releases; the error strings quoted in torch's words (the operand, ``e5m2``,
+divisibility, cuBLASLt layout, bias, blockwise shape/stride and fast-accumulation messages) were
+found verbatim in ``libtorch_cuda.so`` of both torch 2.11.0+cu130 (the lent H200's torch) and
+2.13.0+cu130 (our pin), and no FP8 rule for sm_90 differed between them. A few messages are
+ours, where torch words the rule differently or only implies it: the float32 scale dtype, the
+contiguous 1-D bias (torch checks its element count), the shape of a per-tensor or row-wise
+scale, and BF16/float32 as the blockwise outputs (the ones torch's own sm_90 tests use).
 
 Each function returns the problems torch would raise, in torch's words (empty: it would run).
 ``tests/test_cuda_gemm_contract.py`` applies them to every call the GPU path makes.

@@ -7,11 +7,13 @@ CPU, where the kernels run in Triton's interpreter and the FP8 GEMMs have no nat
 groups of checks, each written to ``--json`` as soon as it is done, so a run cut short still
 returns every check that finished:
 
-1. ``kernel``: each Triton kernel, forward and backward, against its float32/float64 torch
-   reference, in FP32 and BF16 (``tests/test_kernels.py``'s tolerances, relative to the largest
-   reference value);
-2. ``gemm``: each recipe Hopper runs natively (delayed, current, row-wise, block) on the FP8
-   tensor cores against our emulation of the same quantized operands, both with bias;
+1. ``kernel``: each Triton kernel, forward and backward, against its float32 torch reference, in
+   FP32, BF16 and FP16 (``tests/test_kernels.py``'s tolerances, relative to the largest
+   reference value), the chunked kernels of rows wider than ``MAX_ROW_BLOCK`` and exercise 7.1's
+   solution included;
+2. ``gemm``: each recipe Hopper runs natively (delayed, current, row-wise, block): one
+   ``FP8Linear`` step, its forward, dgrad and wgrad GEMMs on the FP8 tensor cores, against the
+   same step emulated;
 3. ``train``: two training steps of the preset's model under every policy the device can run
    (the ``-emulated`` variant where it lacks a recipe's math), on random tokens: finite losses,
    and the step time of the second step.
@@ -22,6 +24,7 @@ Exit status 1 if a check failed (a check that cannot run here says why and count
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -39,9 +42,10 @@ import torch  # noqa: E402
 
 import tutorial_lib as tl  # noqa: E402  (decides Triton's mode: compiled on a GPU)
 from tutorial_lib import kernels as K  # noqa: E402
+from tutorial_lib.kernels.runtime import MAX_ROW_BLOCK  # noqa: E402
 
 # tests/test_kernels.py's tolerances: (rtol, atol relative to the reference's largest magnitude)
-TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 1e-2)}
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 1e-2), torch.float16: (2e-3, 1e-3)}
 GEMM_TOL = 2e-2  # largest |native - emulated| over the largest |emulated|: accumulation order
 # and Hopper's fast accumulation differ from the emulation's float32 sums
 
@@ -101,7 +105,7 @@ def kernel_checks(
     def rand(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         name = str(dtype).removeprefix("torch.")
         x, r, w, b = (
             rand(rows, width, dtype=dtype),
@@ -110,6 +114,7 @@ def kernel_checks(
             rand(width),
         )
         h, fb = rand(rows, 4 * width, dtype=dtype), rand(4 * width)
+        wide, ww = rand(8, 2 * MAX_ROW_BLOCK, dtype=dtype), rand(2 * MAX_ROW_BLOCK)
         cases: dict[
             str, tuple[Callable[..., Any], Callable[..., Any], tuple[torch.Tensor, ...]]
         ] = {
@@ -127,6 +132,10 @@ def kernel_checks(
                 tuple(rand(2, heads, seq, width // heads, dtype=dtype) for _ in range(3)),
             ),
         }
+        if dtype != torch.float16:  # FP16's gradients of 8192-wide softmax rows are subnormal
+            # rows wider than MAX_ROW_BLOCK: the two-pass chunked kernels
+            cases["layer_norm wide"] = (K.layer_norm, K.layer_norm_reference, (wide, ww, ww))
+            cases["softmax wide"] = (K.softmax, K.softmax_reference, (wide,))
         for kernel, (ours, reference, args) in cases.items():
 
             def check(ours=ours, reference=reference, args=args, kernel=kernel, dtype=dtype) -> str:
@@ -157,38 +166,60 @@ def kernel_checks(
 
         checks.run("kernel", f"cross_entropy {name}", ce)
 
+        def exercise(h: torch.Tensor = h, fb: torch.Tensor = fb, dtype: torch.dtype = dtype) -> str:
+            from tutorial_lib.exercises.solutions import fused_bias_gelu
+
+            return _close(
+                fused_bias_gelu(h, fb.to(dtype)),
+                K.bias_gelu_reference(h.float(), fb.to(dtype).float()).to(dtype),
+                dtype,
+                "exercise 7.1",
+            )
+
+        checks.run("kernel", f"exercise 7.1 solution {name}", exercise)
+
 
 def gemm_checks(checks: Checks, device: torch.device, tokens: int, width: int) -> None:
-    """Each natively run recipe's GEMM on the FP8 tensor cores against the emulation."""
-    from tutorial_lib.fp8.quantizers import get_quantizer
-    from tutorial_lib.fp8.recipe_linear import quantized_matmul
-    from tutorial_lib.fp8.recipes import check_recipe_device
+    """Each natively run recipe's three GEMMs (forward, dgrad, wgrad) on the FP8 tensor cores
+    against the emulation: one ``FP8Linear`` step each way, same weights, same input."""
+    from tutorial_lib.fp8 import FP8Linear, autocast
+    from tutorial_lib.fp8.recipes import check_recipe_device, make_recipe
 
     g = torch.Generator(device="cpu").manual_seed(1)
     x = torch.randn(tokens, width, generator=g).to(device)
-    w = (torch.randn(4 * width, width, generator=g) / math.sqrt(width)).to(device)
-    bias = torch.randn(4 * width, generator=g).to(device)
+    dy = torch.randn(tokens, 4 * width, generator=g).to(device)
+    base = torch.nn.Linear(width, 4 * width).to(device)
+
+    def step(recipe: str, emulate: bool) -> list[torch.Tensor]:
+        layer = FP8Linear.from_linear(copy.deepcopy(base))  # its own parameters and grads
+        xi = x.clone().requires_grad_(True)
+        with (
+            torch.autocast(device.type, dtype=torch.bfloat16),
+            autocast(recipe=make_recipe(recipe), emulate=emulate),
+        ):
+            y = layer(xi)
+        y.backward(dy.to(y.dtype))
+        return [y.float(), xi.grad.float(), layer.weight.grad.float(), layer.bias.grad.float()]
+
     for recipe in ("delayed", "current", "rowwise", "block"):
 
         def check(recipe: str = recipe) -> str:
             if check_recipe_device(recipe, device, None):
                 return f"not run: {device.type} has no native {recipe} GEMM (the emulation is the only path)"
-            xq = get_quantizer(recipe, "input").quantize(x)
-            wq = get_quantizer(recipe, "weight").quantize(w)
-            native = quantized_matmul(
-                xq, wq, torch.bfloat16, emulate=False, use_fast_accum=recipe != "block", bias=bias
+            native, emulated = step(recipe, False), step(recipe, True)
+            worst = 0.0
+            for what, a, b in zip(("y", "dgrad", "wgrad", "dbias"), native, emulated, strict=True):
+                rel = ((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
+                if not rel <= GEMM_TOL:
+                    raise AssertionError(
+                        f"{what}: native and emulated differ by {rel:.2e} of the largest value (> {GEMM_TOL})"
+                    )
+                worst = max(worst, rel)
+            return (
+                f"forward, dgrad, wgrad: max |native - emulated| = {worst:.2e} of the largest value"
             )
-            emulated = quantized_matmul(xq, wq, torch.bfloat16, emulate=True, bias=bias)
-            rel = (
-                (native.float() - emulated.float()).abs().max() / emulated.float().abs().max()
-            ).item()
-            if not rel <= GEMM_TOL:
-                raise AssertionError(
-                    f"native and emulated differ by {rel:.2e} of the largest output (> {GEMM_TOL})"
-                )
-            return f"max |native - emulated| = {rel:.2e} of the largest output"
 
-        checks.run("gemm", f"{recipe} ({tokens}x{width} @ {width}x{4 * width})", check)
+        checks.run("gemm", f"{recipe} ({tokens}x{width} -> {4 * width})", check)
 
 
 def train_checks(checks: Checks, device: torch.device, preset: Any, steps: int = 2) -> None:

@@ -19,6 +19,7 @@ buffers, and the tensors saved for the backward (activations, and FP8 copies of 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -80,38 +81,33 @@ def stand_in_hopper(calls: list[GemmCall]) -> Iterator[None]:
     def gpu(device: torch.device | str) -> tuple[str, tuple[int, int]]:
         return GPU_NAME, SM90
 
-    def scaled_mm(
-        mat_a, mat_b, *, scale_a, scale_b, bias=None, out_dtype=None, use_fast_accum=False
-    ):
-        args = dict(mat_a=mat_a, mat_b=mat_b, scale_a=scale_a, scale_b=scale_b, bias=bias)
-        calls.append(
-            GemmCall(
-                "scaled_mm", {**args, "out_dtype": out_dtype, "use_fast_accum": use_fast_accum}
-            )
-        )
-        return torch.empty(mat_a.shape[0], mat_b.shape[1], dtype=out_dtype or mat_a.dtype)
+    # The recorders bind each call to the real function's signature (torch's schema for
+    # _scaled_mm, the Python signature of F.scaled_mm): a renamed or misplaced argument fails
+    # here as it would on the GPU.
+    schema = [a.name for a in torch.ops.aten._scaled_mm.default._schema.arguments]
+    blockwise_signature = inspect.signature(torch.nn.functional.scaled_mm)
 
-    def blockwise(
-        mat_a,
-        mat_b,
-        scale_a,
-        recipe_a,
-        scale_b,
-        recipe_b,
-        *,
-        bias=None,
-        output_dtype=torch.bfloat16,
-        use_fast_accum=False,
-    ):
-        args = dict(mat_a=mat_a, mat_b=mat_b, scale_a=scale_a, scale_b=scale_b, bias=bias)
-        names = {"recipe_a": recipe_a.name, "recipe_b": recipe_b.name}
-        calls.append(
-            GemmCall(
-                "blockwise",
-                {**args, **names, "out_dtype": output_dtype, "use_fast_accum": use_fast_accum},
-            )
+    def scaled_mm(*args: Any, **kwargs: Any) -> torch.Tensor:
+        unknown = set(kwargs) - set(schema)
+        assert not unknown and len(args) <= len(schema), f"_scaled_mm has no {unknown or args}"
+        bound = {**dict(zip(schema, args, strict=False)), **kwargs}
+        a = {k: bound.get(v) for k, v in (("mat_a", "self"), ("mat_b", "mat2"), ("scale_a", "scale_a"),
+             ("scale_b", "scale_b"), ("bias", "bias"), ("out_dtype", "out_dtype"))}  # fmt: skip
+        a["use_fast_accum"] = bool(bound.get("use_fast_accum", False))
+        calls.append(GemmCall("scaled_mm", a))
+        return torch.empty(
+            a["mat_a"].shape[0], a["mat_b"].shape[1], dtype=a["out_dtype"] or a["mat_a"].dtype
         )
-        return torch.empty(mat_a.shape[0], mat_b.shape[1], dtype=output_dtype)
+
+    def blockwise(*args: Any, **kwargs: Any) -> torch.Tensor:
+        bound = blockwise_signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        b = bound.arguments
+        a = {k: b[k] for k in ("mat_a", "mat_b", "scale_a", "scale_b", "bias", "use_fast_accum")}
+        a.update(recipe_a=b["scale_recipe_a"].name, recipe_b=b["scale_recipe_b"].name)
+        a["out_dtype"] = b["output_dtype"]
+        calls.append(GemmCall("blockwise", a))
+        return torch.empty(a["mat_a"].shape[0], a["mat_b"].shape[1], dtype=a["out_dtype"])
 
     with contextlib.ExitStack() as stack:
         for module in (linear, policy, recipes, precision):
