@@ -64,7 +64,10 @@ def test_dry_run_runs_every_stage_and_returns_its_files(tmp_path: Path, record_p
         text=True,
         timeout=240,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report_md = tmp_path / "report.md"
+    smoke_json = tmp_path / "smoke.json"
+    why = [p.read_text() for p in (report_md, smoke_json) if p.is_file()] + [proc.stderr[-3000:]]
+    assert proc.returncode == 0, "\n".join(why)
     names = {p.name for p in _returned(tmp_path)}
     assert names == {"report.json", "report.md", "smoke.json", "results.tar.gz"}
     report = json.loads((tmp_path / "report.json").read_text())

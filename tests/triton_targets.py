@@ -2,8 +2,8 @@
 
     python tests/triton_targets.py --arch 90 [--presets ci,hopper] [--json FILE]
 
-Run as its own process (``tests/test_triton_targets.py`` does): it must decide Triton's mode
-before ``tutorial_lib`` is imported. It turns the interpreter off (``TRITON_INTERPRET=0``),
+Run as its own process (``tests/test_triton_targets.py`` does), never import it into another: it
+sets ``TRITON_INTERPRET=0`` when imported, which every process started afterwards inherits. It turns the interpreter off (``TRITON_INTERPRET=0``),
 points Triton at a fresh, empty cache (a cached binary would skip the front end's checks), and
 installs a stand-in driver whose target is ``GPUTarget("cuda", ARCH, 32)``. Every launch then
 becomes a compile-only warm-up (``JITFunction.run(..., warmup=True)``) whose tensors are
