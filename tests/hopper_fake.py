@@ -171,7 +171,7 @@ def fake_hopper_step(name: str, preset: str = "hopper", bias: bool = True) -> Fa
             "gradients": _nbytes(grads),
             "optimizer": _nbytes(state),
             "buffers": _nbytes(model.buffers()),
-            "activations": sum(n for k, n in saved.items() if k not in param_storages),
+            "saved for backward": sum(n for k, n in saved.items() if k not in param_storages),
         }
         fp8_layers = sum(isinstance(m, FP8Linear) for m in model.modules())
         return FakeStep(precision, loss.dtype, calls, fp8_layers, memory)

@@ -64,7 +64,10 @@ def _memory_line(step: FakeStep, batch: int, seq: int) -> str:
         f"{'fits' if total <= cap else 'DOES NOT FIT'} {gpu}" for gpu, cap in GPUS.items()
     )
     parts = " + ".join(f"{k} {v / GB:.2f}" for k, v in mem.items() if v >= 0.005 * GB)
-    return f"hopper step {step.precision:>15}: {parts} = {total / GB:.1f} GB at batch {batch} x {seq}; {fits}"
+    return (
+        f"hopper step {step.precision:>15}: {parts} = {total / GB:.1f} GB at batch {batch} x {seq} "
+        f"(saved tensors, not the peak: temporaries such as the logits' gradient come on top); {fits}"
+    )
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
