@@ -61,6 +61,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check tutorial_lib tests benchmarks scripts book/_ext book/chapters
 	$(VPY) scripts/sync_sources.py --check book/chapters  # the package code the chapters show
 	$(VENV)/bin/mypy  # settings and files: [tool.mypy] in pyproject.toml
+	@$(VPY) scripts/line_count.py  # the package against the design's size budgets
 
 # Build layout. The notebooks run once, under nbmake with --overwrite, in a copy of book/
 # (scripts/stage_book.py); the HTML book and the slides are made from that executed copy.
