@@ -27,7 +27,7 @@ import torch
 
 from . import ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11
 from .base import Case, Exercise
-from .compare import changed_inputs, compare
+from .feedback import changed_inputs, compare
 
 __all__ = [
     "ExerciseError",

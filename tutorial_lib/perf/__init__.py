@@ -5,7 +5,7 @@ This package sits *below* the trainer (``train`` uses its timing, MFU and memory
 imports nothing that trains. The benchmarks that build and train models, and the
 recorded-results format they write, are one level up in ``tutorial_lib.bench``."""
 
-from .flops import count_flops, flops_by_op, train_step_flops
+from .flop_counter import count_flops, flops_by_op, train_step_flops
 from .measured import NOISE, GemmRates, compare_times, measure_gemm_rates, on_this_device
 from .memory import (
     MemoryReport,
