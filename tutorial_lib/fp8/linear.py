@@ -49,7 +49,6 @@ from torch import nn
 from ..hardware import cuda_capability
 from .autocast import FP8AutocastState, get_autocast_state, register_fp8_run
 from .delayed_linear import _BUFFERS, _STAT_SLOTS, DelayedScalingState, _FP8LinearFunction
-from .delayed_linear import _COLUMNS as _COLUMNS  # re-exported: it was defined here
 from .recipe_linear import RecipeLinearFunction
 from .recipes import Recipe, check_recipe_device, recipe_name
 from .recompute import (

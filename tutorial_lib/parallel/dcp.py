@@ -57,8 +57,7 @@ from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..config import GPTConfig
 from ..train import Trainer, keep_implementation
 from .dp import keep_lazy_state, on_rank0
-from .shard import ShardMap, global_index, unit_specs
-from .tp_model import _spec_of, _units
+from .shard import ShardMap, global_index, param_spec, rank_units, unit_specs
 
 __all__ = [
     "SafeFileSystemReader",
@@ -196,7 +195,7 @@ def tp_chunks(
     should see it: ``Pieces``, views of its pieces at their offsets in the full tensor;
     ``tensor`` itself if it is replicated over TP; None if this rank holds none of it (FSDP2 may
     leave a rank no rows). A DTensor (FSDP2's rows of the TP shard) keeps only its own rows."""
-    spec = _spec_of(name, unit_specs(cfg), shard_map)
+    spec = param_spec(name, unit_specs(cfg), shard_map)
     if spec is None:
         return tensor
     from torch.distributed.tensor import DTensor
@@ -209,7 +208,7 @@ def tp_chunks(
             tensor.shape, tensor.device_mesh, tensor.placements
         )
         local, row0 = tensor.to_local(), int(offset[0])
-    units, total = _units(shard_map, spec, rank)
+    units, total = rank_units(shard_map, spec, rank)
     full = list(tensor.shape)
     full[spec.dim] = spec.groups * total * spec.width
     pieces = []

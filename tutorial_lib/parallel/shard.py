@@ -37,6 +37,8 @@ __all__ = [
     "global_index",
     "split_by_unit",
     "join_units",
+    "rank_units",
+    "param_spec",
 ]
 
 Units = tuple[tuple[int, ...], ...]
@@ -275,3 +277,25 @@ def join_units(
         for g in range(spec.groups)
     ]
     return torch.cat(groups, spec.dim)
+
+
+def rank_units(shard_map: ShardMap, spec: UnitSpec, rank: int) -> tuple[tuple[int, ...], int]:
+    """The units of ``rank`` on ``spec``'s axis, and that axis's total."""
+    if spec.axis == "heads":
+        return shard_map.heads[rank], shard_map.n_head
+    if spec.axis == "vocab" and shard_map.vocab is not None:
+        return shard_map.vocab[rank], shard_map.vocab_size
+    return shard_map.ffn[rank], shard_map.ffn_size
+
+
+def param_spec(
+    name: str, specs: Mapping[str, UnitSpec], shard_map: ShardMap | None = None
+) -> UnitSpec | None:
+    """The UnitSpec of a model parameter name ("blocks.3.attn.qkv.weight"), None if replicated
+    (the token embedding is sharded when ``shard_map`` splits the vocabulary)."""
+    if name == "tok_emb.weight" and shard_map is not None and shard_map.vocab is not None:
+        return VOCAB_SPEC
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blocks":
+        return specs.get(parts[2])
+    return None

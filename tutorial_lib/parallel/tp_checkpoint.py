@@ -16,8 +16,8 @@ import torch.distributed as dist
 from ..config import GPTConfig
 from ..model import GPT
 from .comm import Group
-from .shard import ShardMap, global_index, unit_specs
-from .tp_model import _spec_of, _units, check_tp_setup, shard_state_dict
+from .shard import ShardMap, global_index, param_spec, rank_units, unit_specs
+from .tp_model import check_tp_setup, shard_state_dict
 
 __all__ = [
     "gather_full",
@@ -41,7 +41,7 @@ def gather_full(
     rank = check_tp_setup(cfg, group, shard_map, None)
     specs = unit_specs(cfg)
     sharded = {
-        n: (t, s) for n, t in tensors.items() if (s := _spec_of(n, specs, shard_map)) is not None
+        n: (t, s) for n, t in tensors.items() if (s := param_spec(n, specs, shard_map)) is not None
     }
     out = {n: t for n, t in tensors.items() if n not in sharded}  # replicated
     if not sharded:
@@ -49,12 +49,12 @@ def gather_full(
     full: dict[str, torch.Tensor] = {}
     for name, (t, spec) in sharded.items():
         shape = list(t.shape)
-        shape[spec.dim] = spec.groups * _units(shard_map, spec, 0)[1] * spec.width
+        shape[spec.dim] = spec.groups * rank_units(shard_map, spec, 0)[1] * spec.width
         full[name] = t.new_empty(shape)
     for src in range(shard_map.tp):
         pieces = []  # (name, spec, index into the full tensor, shape of src's shard)
         for name, (t, spec) in sharded.items():
-            index = global_index(spec, *_units(shard_map, spec, src)).to(t.device)
+            index = global_index(spec, *rank_units(shard_map, spec, src)).to(t.device)
             shape = list(t.shape)
             shape[spec.dim] = len(index)
             pieces.append((name, spec, index, shape))

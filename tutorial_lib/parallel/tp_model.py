@@ -19,7 +19,7 @@ from ..config import GPTConfig
 from ..layers import LINEAR_ROLES, TorchLayers
 from ..model import GPT
 from .comm import Group, copy_to_tp, gather_from_sp, group_rank, group_size, split_to_sp
-from .shard import VOCAB_SPEC, ShardMap, UnitSpec, global_index, unit_specs
+from .shard import ShardMap, global_index, param_spec, rank_units, unit_specs
 from .tp_linear import ColumnParallelLinear, RowParallelLinear
 from .vocab import gather_vocab, vocab_parallel_cross_entropy, vocab_parallel_embedding
 
@@ -67,15 +67,6 @@ def check_tp_setup(cfg: GPTConfig, group: Group, shard_map: ShardMap, rank: int 
     return rank
 
 
-def _units(shard_map: ShardMap, spec: UnitSpec, rank: int) -> tuple[tuple[int, ...], int]:
-    """The units of ``rank`` on ``spec``'s axis, and that axis's total."""
-    if spec.axis == "heads":
-        return shard_map.heads[rank], shard_map.n_head
-    if spec.axis == "vocab" and shard_map.vocab is not None:
-        return shard_map.vocab[rank], shard_map.vocab_size
-    return shard_map.ffn[rank], shard_map.ffn_size
-
-
 class TPLayers(TorchLayers):
     """Layer factory: column-parallel ``attn.qkv``/``mlp.fc``, row-parallel ``attn.proj``/
     ``mlp.proj``, all cut by ``shard_map`` for ``rank``; LayerNorm, GELU and loss as TorchLayers.
@@ -100,7 +91,7 @@ class TPLayers(TorchLayers):
         if role not in LINEAR_ROLES:
             raise ValueError(f"Unknown linear role {role!r}; expected one of {LINEAR_ROLES}.")
         spec = self.specs[f"{role}.weight"]
-        units, total = _units(self.shard_map, spec, self.rank)
+        units, total = rank_units(self.shard_map, spec, self.rank)
         cls = ColumnParallelLinear if role in COLUMN_ROLES else RowParallelLinear
         sp = self.sequence_parallel
         return cls(in_features, out_features, bias, self.group, spec, units, total, sp)
@@ -249,19 +240,6 @@ class TPGPT(GPT):
         return (logits if keep == T else logits[:, :keep]), loss  # no view when unpadded
 
 
-def _spec_of(
-    name: str, specs: Mapping[str, UnitSpec], shard_map: ShardMap | None = None
-) -> UnitSpec | None:
-    """The UnitSpec of a model parameter name ("blocks.3.attn.qkv.weight"), None if replicated
-    (the token embedding is sharded when ``shard_map`` splits the vocabulary)."""
-    if name == "tok_emb.weight" and shard_map is not None and shard_map.vocab is not None:
-        return VOCAB_SPEC
-    parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blocks":
-        return specs.get(parts[2])
-    return None
-
-
 def shard_state_dict(
     full: Mapping[str, torch.Tensor], cfg: GPTConfig, shard_map: ShardMap, rank: int
 ) -> dict[str, torch.Tensor]:
@@ -270,11 +248,11 @@ def shard_state_dict(
     specs = unit_specs(cfg)
     out = {}
     for name, tensor in full.items():
-        spec = _spec_of(name, specs, shard_map)
+        spec = param_spec(name, specs, shard_map)
         if spec is None:
             out[name] = tensor
         else:
-            units, total = _units(shard_map, spec, rank)
+            units, total = rank_units(shard_map, spec, rank)
             index = global_index(spec, units, total).to(tensor.device)
             out[name] = tensor.index_select(spec.dim, index)
     return out
@@ -344,7 +322,7 @@ def tp_clip_grad_norm_(
     dtype = functools.reduce(torch.promote_types, (g.dtype for _, g in grads), torch.float32)
     sq = torch.zeros(2, device=device, dtype=dtype)  # [sharded over TP, replicated over TP]
     for name, g in grads:
-        spec = _spec_of(name, specs, getattr(tp_model, "shard_map", None))
+        spec = param_spec(name, specs, getattr(tp_model, "shard_map", None))
         sq[int(spec is None)] += torch.linalg.vector_norm(g.to(dtype)) ** 2
     if fsdp_group is not None and group_size(fsdp_group) > 1:
         dist.all_reduce(sq, group=fsdp_group)
