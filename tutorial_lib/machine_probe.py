@@ -21,8 +21,8 @@ __all__ = ["NOTEBOOK_PACKAGES", "GPU", "Machine", "gather_machine"]
 
 # The notebook stack besides JupyterLab (or the classic notebook), in import names.
 NOTEBOOK_PACKAGES = ("ipykernel", "ipywidgets", "matplotlib", "tqdm")
-_JUPYTER_FRONTENDS = ("jupyterlab", "notebook")
-_PROBED = (*_JUPYTER_FRONTENDS, *NOTEBOOK_PACKAGES, "triton")
+JUPYTER_FRONTENDS = ("jupyterlab", "notebook")
+_PROBED = (*JUPYTER_FRONTENDS, *NOTEBOOK_PACKAGES, "triton")
 
 
 @dataclass(frozen=True)

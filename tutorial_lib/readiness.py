@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .machine_probe import _JUPYTER_FRONTENDS, GPU, NOTEBOOK_PACKAGES, Machine, gather_machine
+from .machine_probe import GPU, JUPYTER_FRONTENDS, NOTEBOOK_PACKAGES, Machine, gather_machine
 
 __all__ = [
     "OK",
@@ -130,7 +130,7 @@ def _check_torch(m: Machine) -> Check:
 
 
 def _check_notebook_stack(m: Machine) -> Check:
-    frontends = [n for n in _JUPYTER_FRONTENDS if m.packages.get(n)]
+    frontends = [n for n in JUPYTER_FRONTENDS if m.packages.get(n)]
     missing = [n for n in NOTEBOOK_PACKAGES if not m.packages.get(n)]
     if not frontends:
         missing.insert(0, "jupyterlab (or notebook)")

@@ -29,7 +29,7 @@ from ..checks import check_positive_int
 from .monte_carlo import throughput_samples
 from .plan_options import PLAN_POLICIES
 from .replica_cost import PAPER_CLUSTER, TrainingJob, paper_parallel
-from .specs import _BLACKWELL_NCCL, CLUSTERS, ModelSpec, check_config
+from .specs import BLACKWELL_NCCL, CLUSTERS, ModelSpec, check_config
 
 __all__ = ["DOMAIN_MODEL", "DOMAIN_SETUPS", "domain_jobs", "domain_comparison"]
 
@@ -53,7 +53,7 @@ def domain_jobs(shard_split: str = "whole") -> dict[str, TrainingJob]:
     jobs = {}
     for name, (domains, tp, pp, reduced) in DOMAIN_SETUPS.items():
         if name == PAPER_CLUSTER.name:
-            base = dataclasses.replace(PAPER_CLUSTER, **_BLACKWELL_NCCL)  # type: ignore[arg-type]
+            base = dataclasses.replace(PAPER_CLUSTER, **BLACKWELL_NCCL)  # type: ignore[arg-type]
         else:
             base = CLUSTERS[name]
         cluster = dataclasses.replace(base, n_gpus=domains * base.domain_size)

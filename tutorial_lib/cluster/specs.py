@@ -149,12 +149,12 @@ _IB_400G = 400e9 / 8  # one 400 Gb/s ConnectX-7 port per GPU
 # moves S (n+1)/n bytes in S/algbw seconds, 9/8 x 275/450 = 0.69 (9/8 x 483/900 = 0.60).
 _HOPPER_NCCL = {"collective_efficiency": 0.82, "in_switch_reduction": True, "nvls_efficiency": 0.69}
 _HOPPER_NCCL_SOURCE = "nccl-tests on 8 x H100 (NVIDIA/nccl #2140): ring 0.82, NVLS 0.69"
-_BLACKWELL_NCCL = {
+BLACKWELL_NCCL = {
     "collective_efficiency": 0.77,
     "in_switch_reduction": True,
     "nvls_efficiency": 0.60,
 }
-_BLACKWELL_NCCL_SOURCE = "nccl-tests on 8 x B300 (NVIDIA/nccl #2140): ring 0.77, NVLS 0.60"
+BLACKWELL_NCCL_SOURCE = "nccl-tests on 8 x B300 (NVIDIA/nccl #2140): ring 0.77, NVLS 0.60"
 CLUSTERS: dict[str, ClusterSpec] = {
     c.name: c
     for c in (
@@ -198,10 +198,10 @@ CLUSTERS: dict[str, ClusterSpec] = {
             domain_size=8,
             nvlink_bandwidth=900e9,
             scaleout_bandwidth=_IB_400G,
-            **_BLACKWELL_NCCL,  # type: ignore[arg-type]
+            **BLACKWELL_NCCL,  # type: ignore[arg-type]
             source="DGX BasePOD reference architecture: DGX B200, 4 OSFP ports serving 8 "
             "single-port ConnectX-7 up to 400 Gb/s; HGX B200 datasheet: NVLink 5 1.8 TB/s; "
-            + _BLACKWELL_NCCL_SOURCE,
+            + BLACKWELL_NCCL_SOURCE,
         ),
         ClusterSpec(
             name="GB200 NVL72",
@@ -210,8 +210,8 @@ CLUSTERS: dict[str, ClusterSpec] = {
             domain_size=72,
             nvlink_bandwidth=900e9,
             scaleout_bandwidth=_IB_400G,
-            **_BLACKWELL_NCCL,  # type: ignore[arg-type]
-            source=_BLACKWELL_NCCL_SOURCE + "; "
+            **BLACKWELL_NCCL,  # type: ignore[arg-type]
+            source=BLACKWELL_NCCL_SOURCE + "; "
             "GB200 NVL72 specifications: 72 GPUs in one NVLink domain, 130 TB/s; "
             "DGX GB200 compute tray: four InfiniBand OSFP ports (ConnectX-7, 400 Gb/s) "
             "for its four GPUs",

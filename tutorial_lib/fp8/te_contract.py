@@ -1,6 +1,6 @@
 """The Transformer Engine (TE) API the ``te-fp8`` backends rely on, and the guarded TE import.
 
-Importing this module never imports TE. ``_import_te`` imports it lazily and raises a
+Importing this module never imports TE. ``import_te`` imports it lazily and raises a
 ``RuntimeError`` naming the reason and the install route (``book/te_install.md``) when it is
 missing, so the package, its tests and the book build run on machines without TE. Whether TE
 imports at all is ``tutorial_lib.hardware.te_available``.
@@ -20,6 +20,7 @@ from types import ModuleType
 from ..hardware import te_available
 
 __all__ = [
+    "import_te",
     "TE_API_USED",
     "TE_API_NAMED",
     "TE_RECIPE_FIELDS",
@@ -250,7 +251,7 @@ TE_INSTALL_HINT = (
 )
 
 
-def _import_te() -> ModuleType:
+def import_te() -> ModuleType:
     """``transformer_engine.pytorch``, or a ``RuntimeError`` saying why not and what to do."""
     ok, reason = te_available()
     if not ok:
@@ -259,5 +260,5 @@ def _import_te() -> ModuleType:
 
 
 def _import_te_recipe() -> ModuleType:
-    _import_te()
+    import_te()
     return importlib.import_module("transformer_engine.common.recipe")

@@ -7,7 +7,7 @@
       ``fused=True`` it also merges each block's LayerNorms into the layers they feed
       (``te.LayerNormLinear``, ``te.LayerNormMLP``, see ``_fuse_blocks``).
 
-Importing this module never imports TE (``te_contract._import_te`` does, when a function needs
+Importing this module never imports TE (``te_contract.import_te`` does, when a function needs
 it); every TE call here is declared in ``te_contract.TE_API_USED``.
 """
 
@@ -23,7 +23,7 @@ from torch import nn
 from ..layers import LINEAR_ROLES, TorchLayers
 from ..model import Block
 from .convert import convertible_linears, fp8_layer_problems
-from .te_contract import _import_te
+from .te_contract import import_te
 
 __all__ = ["TELayers", "TEFusedMLP", "fp8_shape_problems", "convert_to_te"]
 
@@ -97,7 +97,7 @@ class TELayers(TorchLayers):
     def linear(self, in_features: int, out_features: int, bias: bool, role: str) -> nn.Module:
         if role not in LINEAR_ROLES:
             raise ValueError(f"Unknown linear role {role!r}; expected one of {LINEAR_ROLES}.")
-        te = _import_te()
+        te = import_te()
         return te.Linear(
             in_features=in_features,
             out_features=out_features,
@@ -108,7 +108,7 @@ class TELayers(TorchLayers):
         )
 
     def layernorm(self, features: int, bias: bool) -> nn.Module:
-        te = _import_te()
+        te = import_te()
         norm = te.LayerNorm(
             normalized_shape=features, eps=1e-5, dtype=self._dtype(), device=self._device()
         )
@@ -173,7 +173,7 @@ def convert_to_te(
     (``qkv_weight_interleaved=True``). Keeping our ``CausalSelfAttention`` keeps one attention
     implementation in the book and a state we can compare layer by layer with the other policies.
     """
-    te = _import_te()
+    te = import_te()
     problems = fp8_shape_problems(model)
     if problems:
         raise ValueError(

@@ -9,7 +9,7 @@
       (TE modules from ``te_convert.convert_to_te``, GEMMs under ``te_autocast``), with the GPU
       check of their recipe (``TE_GPU_NEEDS``).
 
-Importing this module never imports TE (``te_contract._import_te`` does, when a function needs
+Importing this module never imports TE (``te_contract.import_te`` does, when a function needs
 it); every TE call here is declared in ``te_contract.TE_API_USED``.
 """
 
@@ -36,8 +36,8 @@ from .te_contract import (
     TE_RECIPE_POWER_2_FLAGS,
     TE_RECIPE_QPARAMS,
     TEGPUNeed,
-    _import_te,
     _import_te_recipe,
+    import_te,
 )
 from .te_convert import convert_to_te
 
@@ -251,7 +251,7 @@ def te_autocast(
     for the device (delayed scaling on Hopper and Ada, MXFP8 on Blackwell); the policy always
     passes one. The forward-pass scaling state updates when the outermost region exits.
     """
-    te = _import_te()
+    te = import_te()
     converted = None if recipe is None else te_recipe(recipe)
     if hasattr(te, "autocast"):
         region = te.autocast(
@@ -317,7 +317,7 @@ def check_te_fp8_device(
     if not ok:
         problems.append(f"Transformer Engine is missing: {reason}. {TE_INSTALL_HINT}")
     elif not problems:
-        te = _import_te()
+        te = import_te()
         if hasattr(te, need.te_check):
             te_ok, why = getattr(te, need.te_check)(return_reason=True)
             if not te_ok:
