@@ -139,7 +139,7 @@ def scaled_mm_call(
     use_fast_accum: bool,
 ) -> ScaledMMCall:
     """The arguments ``scaled_gemm`` hands ``torch._scaled_mm`` on a GPU: a pure function, so a
-    test on any machine checks exactly what CUDA would receive (its rules: REFERENCE.md).
+    test on any machine checks exactly what CUDA would receive (tests/cuda_contracts.py).
 
     CUDA's kernel wants the first operand row-major and the second column-major, float32
     scales, and a bias only with BF16 or FP16 output and in that dtype; row-wise scales return
