@@ -4,7 +4,7 @@ An estimate, not a measurement: each chapter's work at a preset (training steps,
 iterations, compilations, the fixed cost of a notebook) priced from its FLOP count
 (``flops.training_flops_per_token``, as ``GPT.flops_per_token`` counts), an H200's BF16 GEMM rate
 and a stated efficiency. Every assumption is a named constant below, with its source or the
-word "assumed". ``python -m tutorial_lib info`` prints the estimate for the active preset, and
+word "assumed". ``python -m tutorial_lib info`` prints the ``hopper`` preset's estimate, and
 ``tests/test_book_cost.py`` keeps the ``hopper`` preset's total within ``BOOK_BUDGET_S`` (the
 book must fit, with the recorded benchmarks, in the device check's minutes). A GPU run replaces
 it: ``scripts/hopper_check.py`` records each notebook's time.
@@ -24,7 +24,8 @@ from .config import GPTConfig, RunPreset
 __all__ = ["BOOK_BUDGET_S", "Work", "book_work", "estimate_book", "format_estimate"]
 
 BOOK_BUDGET_S = 480.0  # every notebook at the hopper preset on one H200: at most 8 minutes
-# An H200 ran a BF16 8192^3 GEMM at about 790 TFLOP/s (REFERENCE; not yet one of our records).
+# An H200 was seen to run a BF16 8192^3 GEMM at about 790 TFLOP/s: an estimate, not yet one of
+# our recorded runs (the device check's fp8_gemm rows will record it).
 H200_BF16_GEMM = 790e12
 # Assumed: a whole eager GPT-2 124M training step (attention, LayerNorm, GELU, optimizer, launch
 # gaps) reaches 35% of the lone GEMM's rate, i.e. about 28% of BF16's dense peak.
