@@ -354,7 +354,10 @@ def fp8_ddp_steps(
 
 
 def raise_on_rank(rank: int, world_size: int, bad_rank: int) -> int:
-    """Return ``rank``, except on ``bad_rank``, which raises: what a failing worker looks like."""
+    """Return ``rank``, except on ``bad_rank``, which raises: what a failing worker looks like.
+    The barrier first: a rank that returned at once could leave the group while another was
+    still connecting to it, which then fails with gloo's error instead of its own."""
+    dist.barrier()
     if rank == bad_rank:
         raise RuntimeError(f"rank {rank} of {world_size} fails on purpose")
     return rank
