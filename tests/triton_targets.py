@@ -163,8 +163,9 @@ def _fake() -> Any:
     return FakeTensorMode()
 
 
-def _model_step(preset: Any, dtype: str) -> None:
-    """The fused GPT's forward and backward at the preset's size, ``dtype`` through autocast."""
+def _gpt_step(preset: Any, precision: str, region: Any) -> None:
+    """The fused GPT under ``precision``, its forward in ``region`` (an autocast), and backward,
+    at the preset's size."""
     from unittest import mock
 
     from tutorial_lib.build import build_model
@@ -172,33 +173,25 @@ def _model_step(preset: Any, dtype: str) -> None:
     cfg = preset.model_config()
     with _fake():
         with mock.patch.object(torch.nn.Module, "to", lambda self, *a, **k: self):
-            model = build_model(cfg, fused=True)  # fake parameters cannot be moved or swapped
+            model = build_model(cfg, fused=True, precision=precision)  # fake: cannot move or swap
         idx = torch.zeros(preset.batch_size, cfg.block_size, dtype=torch.long)
-        auto = torch.autocast("cpu", dtype=DTYPES[dtype], enabled=dtype != "fp32")
-        with auto:
+        with region:
             _, loss = model(idx, idx)
         loss.backward()
+
+
+def _model_step(preset: Any, dtype: str) -> None:
+    """The fused GPT with ``dtype`` through autocast (FP32: none)."""
+    _gpt_step(preset, "fp32", torch.autocast("cpu", dtype=DTYPES[dtype], enabled=dtype != "fp32"))
 
 
 def _fp8_step(preset: Any, dtype: str) -> None:
     """The fused GPT under the ``fp8`` policy (the ladder's fused FP8 rung): the GELU kernel gets
     no bias there (the FP8 GEMM adds it). Its own autocast is BF16, so it runs once."""
-    from unittest import mock
-
-    from tutorial_lib.build import build_model
     from tutorial_lib.precision import get_policy
 
-    if dtype != "bf16":
-        return
-    cfg = preset.model_config()
-    policy = get_policy("fp8")
-    with _fake():
-        with mock.patch.object(torch.nn.Module, "to", lambda self, *a, **k: self):
-            model = build_model(cfg, fused=True, precision="fp8")
-        idx = torch.zeros(preset.batch_size, cfg.block_size, dtype=torch.long)
-        with policy.autocast("cpu"):
-            _, loss = model(idx, idx)
-        loss.backward()
+    if dtype == "bf16":
+        _gpt_step(preset, "fp8", get_policy("fp8").autocast("cpu"))
 
 
 def _attention(preset: Any, dtype: str) -> None:
