@@ -27,12 +27,14 @@ import torch
 
 from tutorial_lib.bench import environment_stamp, write_and_print
 from tutorial_lib.config import get_preset
-from tutorial_lib.parallel.compose import (
+from tutorial_lib.parallel.compose import composition_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from composition_cells import (  # noqa: E402 (the test harness the suite uses)
     CELL_MODEL,
     cell_layout,
     cell_name,
     cell_tolerance,
-    composition_table,
     one_process,
     train_cells,
 )

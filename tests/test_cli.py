@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from tutorial_lib.__main__ import main
-from tutorial_lib.train import load_checkpoint
+from tutorial_lib.build import build_model
+from tutorial_lib.checkpoint import load_checkpoint, save_run
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import make_data
+from tutorial_lib.train import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,26 +106,39 @@ def test_train_then_resume(
     assert load_checkpoint(out / "checkpoint.pt")["step"] == 6
 
 
+def _as_sharded_checkpoint(out: Path, data: Path) -> None:
+    """Replace OUT/checkpoint.pt by the same state in the DCP form, OUT/checkpoint/ (what a
+    sharded run writes), written from one process."""
+    state = load_checkpoint(out / "checkpoint.pt")
+    model_cfg = GPTConfig(**state["model_config"])
+    trainer = Trainer(
+        build_model(model_cfg), make_data(model_cfg.block_size, path=data, seed=0),
+        TrainConfig(**state["train_config"]),
+        device="cpu",
+    )  # fmt: skip
+    trainer.resume(out / "checkpoint.pt")
+    save_run(out / "checkpoint", trainer.model, trainer.optimizer, trainer.run_state(), True)
+    (out / "checkpoint.pt").unlink()
+
+
 def test_sharded_checkpoints_resume_as_checkpoint_files_do(
     tmp_path: Path, text_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--sharded-checkpoint writes OUT/checkpoint/ (DCP); --resume continues from it, with or
-    without the flag (then it writes checkpoint.pt), bit for bit as a run that stopped and
-    resumed at the same steps with checkpoint files."""
+    """--resume continues from OUT/checkpoint/ (DCP) as from OUT/checkpoint.pt, and takes the
+    newer when both are there: bit for bit as a run that stopped and resumed at the same steps
+    with checkpoint files."""
     files, out = tmp_path / "files", tmp_path / "run"
     for steps, extra in ((3, ()), (4, ("--resume",)), (5, ("--resume",))):
         assert _run(_train_args(files, text_file, steps, *extra), capsys)[0] == 0
-    code, stdout, err = _run(_train_args(out, text_file, 3, "--sharded-checkpoint"), capsys)
-    assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.json"]
+    assert _run(_train_args(out, text_file, 3), capsys)[0] == 0
+    _as_sharded_checkpoint(out, text_file)
     assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["run.pt", "shards"]
-    again = _train_args(out, text_file, 4, "--sharded-checkpoint", "--resume")
-    code, stdout, err = _run(again, capsys)
+    code, stdout, err = _run(_train_args(out, text_file, 4, "--resume"), capsys)
     assert code == 0, err
     assert f"resumed from {out / 'checkpoint'} at step 3" in stdout
     code, stdout, err = _run(_train_args(out, text_file, 5, "--resume"), capsys)
     assert code == 0, err
-    assert f"resumed from {out / 'checkpoint'} at step 4" in stdout
+    assert f"resumed from {out / 'checkpoint.pt'} at step 4" in stdout  # the newer one
     assert load_checkpoint(out / "checkpoint.pt")["step"] == 5
     rows = [json.loads((d / "metrics.json").read_text()) for d in (out, files)]
     assert [[r["loss"] for r in row] for row in rows] == [[r["loss"] for r in rows[1]]] * 2

@@ -13,18 +13,14 @@ whose newest record must cover today's table with every trained cell within its 
 from __future__ import annotations
 
 import pytest
+from composition_cells import cell_layout, cell_name, cell_tolerance, one_process, train_cells
 
 from tutorial_lib.bench import load_results
 from tutorial_lib.parallel.compose import (
     Cell,
-    cell_layout,
-    cell_name,
-    cell_tolerance,
     check_composition,
     composition_problem,
     composition_table,
-    one_process,
-    train_cells,
 )
 
 STEPS = 1  # its loss checks the forward pass, its gradient norm the backward

@@ -1,8 +1,9 @@
 """Data parallelism (``parallel.dp``): DDP and FSDP2 on 2 gloo ranks against one process.
 
 One ``spawn`` runs every multi-rank case in turn (starting processes costs seconds): DDP and
-FSDP2 in FP32, BF16 and FP8, FSDP2 with a BF16 ``MixedPrecisionPolicy``, a dp 2 run that saves
-at step 2, and a dp 2 run that resumes a single-process checkpoint.
+FSDP2 in FP32, BF16 and FP8, FSDP2 with a BF16 ``MixedPrecisionPolicy``, an FSDP2 run that saves
+its DCP checkpoint at step 2 and a DDP run that resumes it, and an FSDP2 run that resumes a
+single-process checkpoint file.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from tutorial_lib.__main__ import main
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.parallel.dcp import load_sharded, save_sharded
-from tutorial_lib.parallel.dp import DPTrainer, local_rows
-from tutorial_lib.parallel.dp_workers import DPRun, dp_refusals_worker, dp_train_worker
+from tutorial_lib.jobs.dp_workers import DPRun, dp_refusals_worker, dp_train_worker
 from tutorial_lib.parallel.launch import spawn
+from tutorial_lib.parallel.mesh import ParallelDims, local_rows
+from tutorial_lib.parallel.shard import ShardMap
+from tutorial_lib.parallel.tp_model import TPSpec
 from tutorial_lib.train import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,24 +71,17 @@ def _spawn_runs(tmp: Path) -> dict[str, Any]:
         for mode in ("ddp", "fsdp")
     }
     cases["fsdp-param-bf16"] = DPRun(CFG, data, _cfg("fp32"), "fsdp", param_dtype=torch.bfloat16)
-    cases["fsdp-save"] = DPRun(CFG, data, _cfg("fp32"), "fsdp", steps=2, save=str(tmp / "dp.pt"))
+    # FSDP2 shards the state: a DCP directory, each rank writing its pieces; DDP reads it
+    cases["fsdp-save"] = DPRun(CFG, data, _cfg("fp32"), "fsdp", steps=2, save=str(tmp / "dp"))
+    cases["ddp-resume"] = DPRun(CFG, data, _cfg("fp32"), "ddp", resume=str(tmp / "dp"), seed=7)
     cases["fsdp-resume"] = DPRun(
         CFG, data, _cfg("fp32"), "fsdp", resume=str(tmp / "single.pt"), seed=7
-    )
-    # torch.distributed.checkpoint: each rank writes its shards; other layouts read them
-    save_sharded(single, tmp / "single-sharded")
-    cases["fsdp-save-sharded"] = DPRun(
-        CFG, data, _cfg("fp32"), "fsdp", steps=2, save=str(tmp / "dp-sharded"), sharded=True
-    )
-    cases["ddp-resume-sharded"] = DPRun(
-        CFG, data, _cfg("fp32"), "ddp", resume=str(tmp / "single-sharded"), sharded=True, seed=7
     )
     ranks = spawn(dp_train_worker, 2, *cases.values(), timeout_s=300)
     out = dict(zip(cases, ranks[0], strict=True))
     out["rank1-memory"] = {k: r["memory"] for k, r in zip(cases, ranks[1], strict=True)}
     out["rows"] = [ranks[r][0]["rows"] for r in (0, 1)]
-    out["dp-checkpoint"] = tmp / "dp.pt"
-    out["dp-sharded"] = tmp / "dp-sharded"
+    out["dp-checkpoint"] = tmp / "dp"
     return out
 
 
@@ -131,9 +126,9 @@ def _check_fsdp_bf16_parameters(runs: dict[str, Any]) -> None:
 
 
 def _check_checkpoints_move_between_layouts(runs: dict[str, Any]) -> None:
-    """dp 2 (FSDP2) saved at step 2 and resumed in one process, and a single-process checkpoint
-    resumed at dp 2, both continue the uninterrupted single-process run; as one file (full
-    state) and as DCP shards."""
+    """dp 2 (FSDP2) saved at step 2 (a DCP directory) and resumed in one process and under DDP,
+    and a single-process checkpoint file resumed under FSDP2: each continues the uninterrupted
+    single-process run."""
     ref = _losses(_single("fp32").history)
     resumed = Trainer(
         build_model(CFG, device="cpu", seed=5), TokenData(*_data()), _cfg("fp32"), device="cpu"
@@ -142,19 +137,12 @@ def _check_checkpoints_move_between_layouts(runs: dict[str, Any]) -> None:
     assert resumed.step == 2
     assert _losses(resumed.train()[2:]) == pytest.approx(ref[2:], rel=1e-6)
     assert _losses(runs["fsdp-resume"]["history"][2:]) == pytest.approx(ref[2:], rel=1e-6)
-    # the same with sharded (DCP) checkpoints: dp 2 -> one process, one process -> dp 2 (DDP)
-    assert sorted(p.name for p in (runs["dp-sharded"] / "shards").iterdir()) == [
+    assert _losses(runs["ddp-resume"]["history"][2:]) == pytest.approx(ref[2:], rel=1e-6)
+    assert sorted(p.name for p in (runs["dp-checkpoint"] / "shards").iterdir()) == [
         ".metadata",
         "__0_0.distcp",
         "__1_0.distcp",
     ]
-    resumed = Trainer(
-        build_model(CFG, device="cpu", seed=5), TokenData(*_data()), _cfg("fp32"), device="cpu"
-    )
-    load_sharded(resumed, runs["dp-sharded"])
-    assert resumed.step == 2
-    assert _losses(resumed.train()[2:]) == pytest.approx(ref[2:], rel=1e-6)
-    assert _losses(runs["ddp-resume-sharded"]["history"][2:]) == pytest.approx(ref[2:], rel=1e-6)
 
 
 def test_a_failed_write_and_fp8_on_a_subgroup_raise_on_every_rank() -> None:
@@ -166,20 +154,19 @@ def test_a_failed_write_and_fp8_on_a_subgroup_raise_on_every_rank() -> None:
             == "Rank 0 failed to write the checkpoint: OSError: disk full (on purpose)"
         )
     assert "FP8 ('fp8') on 1 of the 2 processes is not supported yet" in out[0]["fp8"]
-    model = build_model(CFG, device="cpu")
-    with pytest.raises(ValueError, match="Not supported: 'te-fp8' with FSDP2"):
-        DPTrainer(model, TokenData(*_data()), _cfg("te-fp8"), "fsdp", group=object())  # type: ignore[arg-type]
+    one_rank_tp = ParallelDims(tp=TPSpec(None, ShardMap.even(CFG, 1)))
+    with pytest.raises(ValueError, match="Not supported: 'fp16' under tensor parallelism"):
+        build_model(CFG, precision="fp16", parallel=one_rank_tp, device="cpu")
 
 
 def test_a_batch_that_does_not_split_is_refused_with_the_fix() -> None:
     assert local_rows(8, 2, 1) == slice(4, 8)
     with pytest.raises(ValueError, match=r"batch of 6 .* over 4 .* multiple of 4"):
         local_rows(6, 4, 0)
-    model = build_model(CFG, device="cpu")
     with pytest.raises(ValueError, match="Unknown data-parallel mode 'zero'"):
-        DPTrainer(model, TokenData(*_data()), _cfg("fp32"), mode="zero")
+        ParallelDims(dp_mode="zero")
     with pytest.raises(ValueError, match="param_dtype is FSDP2's"):
-        DPTrainer(model, TokenData(*_data()), _cfg("fp32"), "ddp", param_dtype=torch.bfloat16)
+        ParallelDims(dp_mode="ddp", param_dtype=torch.bfloat16)
 
 
 def test_cli_dp_errors(tmp_path: Path, text_file: Path, capsys: Any, monkeypatch: Any) -> None:
@@ -200,13 +187,13 @@ def test_cli_dp_errors(tmp_path: Path, text_file: Path, capsys: Any, monkeypatch
 @pytest.mark.slow
 def test_cli_trains_data_parallel_under_torchrun(tmp_path: Path, text_file: Path) -> None:
     """torchrun with 4 gloo ranks, --dp 2 --tp 2 (FSDP2 over dp): the losses of one process;
-    every rank writes its shards of one DCP checkpoint (--sharded-checkpoint), which a single
-    process resumes (--resume at another layout, and from the other kind of checkpoint) and
-    continues exactly as a single process resuming its own checkpoint file does."""
+    every rank writes its shards of one DCP checkpoint, which a single process resumes (--resume
+    at another layout, from the other form of checkpoint) and continues exactly as a single
+    process resuming its own checkpoint file does."""
     env = {**os.environ, "TUTORIAL_PRESET": "ci", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4"]
     cmd += ["-m", "tutorial_lib", *cli_train_args(tmp_path / "dp", text_file)]
-    cmd += ["--dp", "2", "--tp", "2", "--sharded-checkpoint"]
+    cmd += ["--dp", "2", "--tp", "2"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("wrote") == 1  # one report, from rank 0

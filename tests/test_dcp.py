@@ -1,6 +1,6 @@
-"""Sharded checkpoints (``parallel.dcp``) in one process: a round trip that continues the run, an
-atomic directory, and refusals of what could run code. The multi-rank cases (dp 2 to one process
-and back) are in ``tests/test_data_parallel.py``."""
+"""Sharded checkpoints (``checkpoint.run``'s DCP form, ``checkpoint.dcp``) in one process: a
+round trip that continues the run, an atomic directory, and refusals of what could run code.
+The multi-rank cases (dp 2 to one process and back) are in ``tests/test_data_parallel.py``."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from tutorial_lib.build import build_model
-from tutorial_lib.checkpoint import CheckpointError
+from tutorial_lib.checkpoint import CheckpointError, save_run
+from tutorial_lib.checkpoint.dcp import SafeLoadPlanner
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.parallel.dcp import SafeLoadPlanner, load_sharded, save_sharded
 from tutorial_lib.train import TrainConfig, Trainer
 
 CFG = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -29,6 +29,15 @@ def _trainer(seed: int = 0) -> Trainer:
     data = TokenData(tokens[:2700].to(torch.uint8), tokens[2700:].to(torch.uint8), 16, seed=0)
     cfg = TrainConfig(steps=4, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=0, progress=False)
     return Trainer(build_model(CFG, device="cpu", seed=seed), data, cfg, device="cpu")
+
+
+def save_sharded(trainer: Trainer, path: Path) -> Path:
+    """The DCP form, from one process."""
+    return save_run(path, trainer.model, trainer.optimizer, trainer.run_state(), sharded=True)
+
+
+def load_sharded(trainer: Trainer, path: Path) -> None:
+    trainer.resume(path)
 
 
 def test_a_sharded_checkpoint_continues_the_run(tmp_path: Path) -> None:

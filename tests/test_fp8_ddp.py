@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from tutorial_lib.fp8 import FP8Linear, convert_to_fp8, exclude_fp8_from_ddp, fp8_buffer_names
-from tutorial_lib.parallel import workers
+from tutorial_lib.jobs import workers
 from tutorial_lib.parallel.launch import spawn
 
 AMAXES = [[8.0, 1.0], [2.0, 3.0]]  # per rank, per step

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tutorial_lib.__main__ import main
+from tutorial_lib.checkpoint import load_checkpoint
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8 import (
@@ -33,7 +34,7 @@ from tutorial_lib.fp8 import (
 from tutorial_lib.fp8.linear import SR_STATE_KEY
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import get_policy
-from tutorial_lib.train import Trainer, load_checkpoint
+from tutorial_lib.train import Trainer
 
 STATELESS = {
     "current": Float8CurrentScaling(),

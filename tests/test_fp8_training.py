@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tutorial_lib.__main__ import main
+from tutorial_lib.checkpoint import load_checkpoint
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8 import (
@@ -24,7 +25,7 @@ from tutorial_lib.fp8 import (
 )
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import get_policy
-from tutorial_lib.train import Trainer, load_checkpoint
+from tutorial_lib.train import Trainer
 
 # Widths that are multiples of 16, B*T = 8*32 a multiple of 8.
 CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)

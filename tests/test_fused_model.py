@@ -183,19 +183,20 @@ def test_compile_combines_with_fp8(data_factory: Callable[..., TokenData]) -> No
 def test_build_model_refuses_what_cannot_combine() -> None:
     calls = []
 
-    class _TP:  # stands in for parallel.TPSpec: told about the fused kernels and the precision
-        degree = 2
+    class _TP:  # stands in for parallel.TPSpec: told about the fused kernels
+        degree, rank = 2, 0
 
-        def apply(self, model: GPT, fused: bool, precision: str) -> GPT:
-            calls.append((fused, precision))
+        def apply(self, model: GPT, fused: bool) -> GPT:
+            calls.append(fused)
             return model
 
-    build_model(TINY, fused=True, tp=_TP())  # type: ignore[arg-type]
-    assert calls == [(True, "fp32")]
-    from tutorial_lib.parallel import ShardMap, TPSpec
+    from tutorial_lib.parallel import ParallelDims, ShardMap, TPSpec
 
+    model = build_model(TINY, fused=True, parallel=ParallelDims(tp=_TP()))  # type: ignore[arg-type]
+    assert calls == [True] and model.recipe.tp == 2
+    one_rank = ParallelDims(tp=TPSpec(None, ShardMap.even(TINY, 1)))
     with pytest.raises(ValueError, match="Not supported: 'te-fp8' under our tensor parallelism"):
-        TPSpec(None, ShardMap.even(TINY, 1)).apply(GPT(TINY), precision="te-fp8")
+        build_model(TINY, precision="te-fp8", parallel=one_rank)
     with pytest.raises(ValueError, match="layers= .* or fused=True"):
         build_model(TINY, fused=True, layers=TritonLayers())
     with pytest.raises(ValueError, match="Unknown precision policy 'fp7'"):

@@ -7,6 +7,12 @@ import pytest
 import torch
 
 from tutorial_lib.config import GPTConfig
+from tutorial_lib.jobs.ntp_workers import (
+    global_batch,
+    ntp_train_worker,
+    replica_slices,
+    train_reference,
+)
 from tutorial_lib.model import GPT
 from tutorial_lib.parallel import ShardMap, global_index, join_units, split_by_unit, unit_specs
 from tutorial_lib.parallel.launch import spawn
@@ -17,12 +23,6 @@ from tutorial_lib.parallel.ntp import (
     plan_ntp,
     reshard_routes,
     token_weights,
-)
-from tutorial_lib.parallel.ntp_workers import (
-    global_batch,
-    ntp_train_worker,
-    replica_slices,
-    train_reference,
 )
 
 # 12 heads: TP 4 -> 3 heads per rank, TP 3 -> 4; odd vocab and block sizes catch shape mix-ups.

@@ -20,7 +20,7 @@ from conftest import parallel_run_data, short_train_config
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.parallel.dp_workers import DPRun, dp_layouts_worker
+from tutorial_lib.jobs.dp_workers import DPRun, dp_layouts_worker
 from tutorial_lib.parallel.launch import spawn
 from tutorial_lib.parallel.mesh import check_layout
 from tutorial_lib.train import TrainConfig, Trainer
@@ -72,32 +72,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     jobs["fsdp-compile-fp8"] = (ALL, compiled)  # the suite's one compiled parallel run
     sp_fused = DPRun(CFG, data, _cfg("fp32"), steps=2, tp=2, fused=True, sequence_parallel=True)
     jobs["sp-fused"] = (ALL, sp_fused)  # 2 steps: Triton's interpreter is slow
-    save, save3 = str(tmp / "dp2tp2.pt"), str(tmp / "tp3.pt")  # tp3: saved by 3 of 4 ranks
+    # TP shards the state: each checkpoint is a DCP directory, every rank writing its pieces
+    save, save3 = str(tmp / "dp2tp2"), str(tmp / "tp3")  # tp3: saved by 3 of 4 ranks
     jobs["save"] = (ALL, DPRun(CFG, data, _cfg("fp32"), steps=3, save=save, tp=2, **split))
+    jobs["same"] = (ALL, DPRun(CFG, data, _cfg("fp32"), resume=save, tp=2, seed=9, **split))
     jobs["tp3"] = (
         (0, 1, 2),
         DPRun(CFG, data, _cfg("fp32"), resume=save, tp=3, seed=9, vocab_parallel=True, save=save3),
     )
     jobs["tp2"] = ((0, 1), DPRun(CFG, data, _cfg("fp32"), "ddp", resume=save, tp=2, seed=9))
-    # the same with DCP: every rank writes its own pieces (parallel.dcp); resumed at the same
-    # layout, at dp 1 x tp 3 and (below) in one process
-    dcp_dir = str(tmp / "dp2tp2-dcp")
-    dcp = {"sharded": True, **split}
-    jobs["dcp-save"] = (ALL, DPRun(CFG, data, _cfg("fp32"), steps=3, save=dcp_dir, tp=2, **dcp))
-    jobs["dcp-same"] = (ALL, DPRun(CFG, data, _cfg("fp32"), resume=dcp_dir, tp=2, seed=9, **dcp))
-    jobs["dcp-tp3"] = (
-        (0, 1, 2),
-        DPRun(CFG, data, _cfg("fp32"), resume=dcp_dir, tp=3, seed=9, vocab_parallel=True,
-              sharded=True),
-    )  # fmt: skip
-    fp8_dir = str(tmp / "fp8-dcp")  # FP8's scaling state (amax histories, scales) through DCP
-    fp8 = {"tp": 2, "sharded": True}
-    jobs["dcp-fp8-save"] = (ALL, DPRun(CFG, data, _cfg("fp8"), steps=3, save=fp8_dir, **fp8))
-    jobs["dcp-fp8-same"] = (ALL, DPRun(CFG, data, _cfg("fp8"), resume=fp8_dir, seed=9, **fp8))
+    single = tmp / "single.pt"  # a one-process file, resumed at dp 2 x tp 2
+    model = build_model(CFG, device="cpu", seed=0)
+    alone = Trainer(model, TokenData(*data), _cfg("fp32"), device="cpu")
+    alone.train(3)
+    alone.save(single)
+    jobs["from-file"] = (ALL, DPRun(CFG, data, _cfg("fp32"), resume=str(single), tp=2, seed=9))
+    fp8_dir = str(tmp / "fp8")  # FP8's scaling state (amax histories, scales) through DCP
+    jobs["fp8-save"] = (ALL, DPRun(CFG, data, _cfg("fp8"), steps=3, save=fp8_dir, tp=2))
+    jobs["fp8-same"] = (ALL, DPRun(CFG, data, _cfg("fp8"), resume=fp8_dir, seed=9, tp=2))
     ranks = spawn(dp_layouts_worker, 4, list(jobs.values()), timeout_s=600)
     out = dict(zip(jobs, ranks[0], strict=True))
     out["checkpoint"], out["tp3-checkpoint"] = Path(save), Path(save3)
-    out["dcp-checkpoint"] = Path(dcp_dir)
     return out
 
 
@@ -136,14 +131,20 @@ def test_ddp_and_compiled_under_tp(runs: dict[str, Any]) -> None:
 
 
 def test_a_dp2_tp2_checkpoint_resumes_at_any_layout(runs: dict[str, Any]) -> None:
-    """Saved at step 3 as dp 2 x tp 2 (sequence- and vocabulary-parallel); resumed alone, at
-    dp 1 x tp 3 (heads 2, 1, 1; vocabulary 86, 85, 85) and at tp 2 (vocabulary replicated): steps
-    4 to 6 are those of the uninterrupted single process."""
-    ref = _single("fp32")
+    """Saved at step 3 as dp 2 x tp 2 (sequence- and vocabulary-parallel) with DCP: every rank
+    wrote its own pieces of each tensor. Resumed at the same layout, steps 4 to 6 are the
+    uninterrupted run's bit for bit; alone, at dp 1 x tp 3 (heads 2, 1, 1; vocabulary 86, 85,
+    85) and at tp 2 (vocabulary replicated), one process's within float32's reordering; and a
+    one-process checkpoint file resumes at dp 2 x tp 2."""
+    path, ref = runs["checkpoint"], _single("fp32")
+    assert sorted(p.name for p in path.iterdir()) == ["run.pt", "shards"]
+    assert len(list((path / "shards").glob("*.distcp"))) == 4  # one file per rank
+    straight = _losses(runs["sp-vocab-fp32"]["history"])
+    assert _losses(runs["same"]["history"][3:]) == straight[3:]
     alone = Trainer(
         build_model(CFG, device="cpu", seed=5), TokenData(*_data()), _cfg("fp32"), device="cpu"
     )
-    alone.resume(runs["checkpoint"])
+    alone.resume(path)
     assert alone.step == 3
     assert _losses(alone.train()[3:]) == pytest.approx(ref[3:], rel=1e-5)
     alone = Trainer(  # the tp 3 run's own checkpoint, written by 3 of the 4 processes
@@ -152,32 +153,10 @@ def test_a_dp2_tp2_checkpoint_resumes_at_any_layout(runs: dict[str, Any]) -> Non
     alone.resume(runs["tp3-checkpoint"])
     assert alone.step == STEPS
     assert _losses(alone.history) == pytest.approx(ref, rel=1e-5)
-    for layout in ("tp3", "tp2"):
+    for layout in ("tp3", "tp2", "from-file"):
         history = runs[layout]["history"]
         assert [int(r["step"]) for r in history[3:]] == [3, 4, 5], layout  # counted from 0
         assert _losses(history[3:]) == pytest.approx(ref[3:], rel=1e-5), layout
-
-
-def test_a_sharded_dp2_tp2_checkpoint_resumes_at_any_layout(runs: dict[str, Any]) -> None:
-    """The same run saved with DCP at step 3: every rank wrote its own pieces of each tensor
-    (the full tensors' pieces at their offsets). Resumed at the same layout, steps 4 to 6 are the
-    uninterrupted run's, bit for bit; at dp 1 x tp 3 (uneven) and in one process, one process's
-    within float32's reordering."""
-    from tutorial_lib.parallel.dcp import load_sharded
-
-    path = runs["dcp-checkpoint"]
-    assert sorted(p.name for p in path.iterdir()) == ["run.pt", "shards"]
-    assert len(list((path / "shards").glob("*.distcp"))) == 4  # one file per rank
-    straight = _losses(runs["sp-vocab-fp32"]["history"])
-    assert _losses(runs["dcp-same"]["history"][3:]) == straight[3:]
-    ref = _single("fp32")
-    assert _losses(runs["dcp-tp3"]["history"][3:]) == pytest.approx(ref[3:], rel=1e-5)
-    alone = Trainer(
-        build_model(CFG, device="cpu", seed=5), TokenData(*_data()), _cfg("fp32"), device="cpu"
-    )
-    load_sharded(alone, path)
-    assert alone.step == 3
-    assert _losses(alone.train()[3:]) == pytest.approx(ref[3:], rel=1e-5)
 
 
 def test_a_sharded_fp8_checkpoint_restores_the_scaling_state(runs: dict[str, Any]) -> None:
@@ -185,7 +164,7 @@ def test_a_sharded_fp8_checkpoint_restores_the_scaling_state(runs: dict[str, Any
     layout: steps 4 to 6 are the uninterrupted run's bit for bit, so the amax histories and
     scales (which decide every quantization) came back exactly."""
     straight = _losses(runs["fsdp-fp8"]["history"])
-    assert _losses(runs["dcp-fp8-same"]["history"][3:]) == straight[3:]
+    assert _losses(runs["fp8-same"]["history"][3:]) == straight[3:]
 
 
 def test_bad_layouts_are_refused_with_the_fix() -> None:

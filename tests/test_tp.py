@@ -23,15 +23,19 @@ from filelock import FileLock
 from torch import nn
 
 from tutorial_lib.__main__ import main
+from tutorial_lib.build import build_model
+from tutorial_lib.checkpoint import load_checkpoint
 from tutorial_lib.config import GPTConfig
-from tutorial_lib.data import TokenData
+from tutorial_lib.data import TokenData, make_data
+from tutorial_lib.jobs import workers
 from tutorial_lib.model import GPT
 from tutorial_lib.parallel import (
     ColumnParallelLinear,
+    ParallelDims,
     RowParallelLinear,
     ShardMap,
     SpawnError,
-    TPTrainer,
+    TPSpec,
     UnitSpec,
     copy_to_tp,
     gather_full_state_dict,
@@ -41,9 +45,8 @@ from tutorial_lib.parallel import (
     shard_state_dict,
     spawn,
     unit_specs,
-    workers,
 )
-from tutorial_lib.train import TrainConfig, Trainer, load_checkpoint
+from tutorial_lib.train import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=6, n_embd=48)  # hs 8, FFN 192
@@ -318,26 +321,23 @@ def test_tp_trainer_matches_trainer(dist_results: dict[str, Any], corpus: bytes)
             assert torch.allclose(o["state_dict"][name], p, rtol=1e-9, atol=1e-12), name
 
 
-def test_tp_trainer_checkpoint_holds_the_full_model_and_resumes(
-    tmp_path: Path, corpus: bytes
-) -> None:
-    """The checkpoint is the single-process format (model and AdamW state gathered); a TP
-    trainer resumes it, and so does a plain Trainer (multi-rank layouts: test_parallel_2d)."""
-    shard_map = ShardMap.even(CFG, 1)
+def test_a_tp_models_checkpoint_resumes(tmp_path: Path, corpus: bytes) -> None:
+    """A TP 1 model's checkpoint is a file a plain GPT loads; the TP trainer resumes it
+    (sharded layouts, DCP directories: test_parallel_2d)."""
+    dims = ParallelDims(tp=TPSpec(None, ShardMap.even(CFG, 1)))
     cfg = TrainConfig(steps=2, batch_size=2, eval_every=0, progress=False)
 
-    def tp_trainer(seed: int) -> TPTrainer:
-        torch.manual_seed(seed)
-        model = parallelize(GPT(CFG), None, shard_map)
+    def tp_trainer(seed: int) -> Trainer:
+        model = build_model(CFG, parallel=dims, device="cpu", seed=seed)
         data = TokenData(*_train_data(corpus))
-        return TPTrainer(model, data, cfg, None, shard_map, device="cpu", out_dir=tmp_path)
+        return Trainer(model, data, cfg, device="cpu", out_dir=tmp_path)
 
     trainer = tp_trainer(0)
     trainer.train(1)
     trainer.save(tmp_path / "step1.pt")
     state = load_checkpoint(tmp_path / "step1.pt")
     GPT(CFG).load_state_dict(state["model"])  # a plain GPT loads it
-    assert state["tensor_parallel"]["tp"] == 1 and len(state["optimizer"]["state"]) > 0
+    assert len(state["optimizer"]["state"]) > 0
     ref = trainer.train()[-1]["loss"]  # step 2 of the uninterrupted run
     resumed = tp_trainer(1)
     resumed.resume(tmp_path / "step1.pt")
@@ -402,7 +402,8 @@ def test_cli_tp_without_torchrun(
 
 @pytest.mark.slow
 def test_cli_trains_tensor_parallel_under_torchrun(tmp_path: Path, text_file: Path) -> None:
-    """torchrun with 2 gloo ranks: same losses as one process; rank 0 writes the full model."""
+    """torchrun with 2 gloo ranks: same losses as one process; every rank writes its pieces of
+    one DCP checkpoint, which one process loads: the single process's weights."""
     env = {**os.environ, "TUTORIAL_PRESET": "ci", "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
@@ -424,12 +425,17 @@ def test_cli_trains_tensor_parallel_under_torchrun(tmp_path: Path, text_file: Pa
     for a, b in zip(tp, single, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
-    state = load_checkpoint(tmp_path / "tp" / "checkpoint.pt")
     ref = load_checkpoint(tmp_path / "single" / "checkpoint.pt")
-    assert state["tensor_parallel"]["tp"] == 2
+    model_cfg = GPTConfig(**ref["model_config"])
+    alone = Trainer(
+        build_model(model_cfg, seed=1), make_data(model_cfg.block_size, path=text_file),
+        TrainConfig(**ref["train_config"]), device="cpu",
+    )  # fmt: skip
+    alone.resume(tmp_path / "tp" / "checkpoint")
+    assert alone.step == ref["step"]
+    state = alone.model.state_dict()
     for name, p in ref["model"].items():
-        assert state["model"][name].shape == p.shape
-        assert torch.allclose(state["model"][name], p, rtol=1e-3, atol=1e-4), name
+        assert torch.allclose(state[name], p, rtol=1e-3, atol=1e-4), name
 
 
 # ---- vocabulary parallelism and the ends of the sequence-parallel region ----------------------

@@ -18,19 +18,12 @@ from hypothesis import strategies as st
 
 from tutorial_lib import train as train_mod
 from tutorial_lib.build import build_model
+from tutorial_lib.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tutorial_lib.config import PRESETS, GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import POLICIES, PrecisionPolicy
-from tutorial_lib.train import (
-    CheckpointError,
-    NonFiniteLossError,
-    TrainConfig,
-    Trainer,
-    load_checkpoint,
-    lr_at,
-    save_checkpoint,
-)
+from tutorial_lib.train import NonFiniteLossError, TrainConfig, Trainer, lr_at
 
 ROW_KEYS = {
     "step",
@@ -220,10 +213,11 @@ class FixedBatches:
         self.x, self.y, self.block_size, self.pos = x, y, x.shape[1], 0
 
     def get_batch(
-        self, split: str, batch_size: int, device: Any = "cpu"
+        self, split: str, batch_size: int, device: Any = "cpu", rows: slice | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         i, self.pos = self.pos, (self.pos + batch_size) % len(self.x)
-        return self.x[i : i + batch_size], self.y[i : i + batch_size]
+        x, y = self.x[i : i + batch_size], self.y[i : i + batch_size]
+        return (x, y) if rows is None else (x[rows], y[rows])
 
     def state_dict(self) -> dict[str, int]:
         return {"pos": self.pos}
@@ -344,22 +338,24 @@ def test_checkpoint_contents(tmp_path: Path, tiny_cfg: GPTConfig, tiny_data: Tok
     assert len(state["history"]) == 3
 
 
-def test_load_rejects_other_model_config(tiny_cfg: GPTConfig, tiny_data: TokenData) -> None:
-    state = _trainer(tiny_cfg, tiny_data, _cfg()).state_dict()
+def test_load_rejects_other_model_config(
+    tiny_cfg: GPTConfig, tiny_data: TokenData, tmp_path: Path
+) -> None:
+    path = _trainer(tiny_cfg, tiny_data, _cfg()).save(tmp_path / "checkpoint.pt")
     other = _trainer(tiny_cfg.replace(n_layer=3), tiny_data, _cfg())
     with pytest.raises(ValueError, match="model config differs"):
-        other.load_state_dict(state)
+        other.resume(path)
     assert other.step == 0
 
 
 def test_load_rejects_a_checkpoint_of_another_precision(
-    tiny_cfg: GPTConfig, tiny_data: TokenData
+    tiny_cfg: GPTConfig, tiny_data: TokenData, tmp_path: Path
 ) -> None:
-    state = _trainer(tiny_cfg, tiny_data, _cfg()).state_dict()
-    assert state["model_recipe"]["precision"] == "fp32"
+    path = _trainer(tiny_cfg, tiny_data, _cfg()).save(tmp_path / "checkpoint.pt")
+    assert load_checkpoint(path)["model_recipe"]["precision"] == "fp32"
     bf16 = Trainer(build_model(tiny_cfg, precision="bf16"), tiny_data, _cfg(precision="bf16"))
     with pytest.raises(ValueError, match="trained in precision 'fp32'.*--precision fp32"):
-        bf16.load_state_dict(state)
+        bf16.resume(path)
     assert bf16.step == 0
 
 
@@ -373,10 +369,13 @@ def test_preset_train_config_keeps_warmup_inside_the_run() -> None:
         TrainConfig.from_preset(preset, compile=True)  # not a training setting: build_model's
 
 
-def test_load_rejects_foreign_state(tiny_cfg: GPTConfig, tiny_data: TokenData) -> None:
+def test_load_rejects_foreign_state(
+    tiny_cfg: GPTConfig, tiny_data: TokenData, tmp_path: Path
+) -> None:
     trainer = _trainer(tiny_cfg, tiny_data, _cfg())
+    path = save_checkpoint(tmp_path / "foreign.pt", {"model": trainer.model.state_dict()})
     with pytest.raises(ValueError, match="format"):
-        trainer.load_state_dict({"model": trainer.model.state_dict()})
+        trainer.resume(path)
 
 
 def test_load_checkpoint_missing_file(tmp_path: Path) -> None:

@@ -72,13 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--resume",
         action="store_true",
-        help="continue from OUT/checkpoint.pt or OUT/checkpoint/ (sharded) if it exists, written "
-        "at any layout; with both, the kind this run writes",
-    )
-    train.add_argument(
-        "--sharded-checkpoint",
-        action="store_true",
-        help="write OUT/checkpoint/ with torch.distributed.checkpoint: every rank its own shards",
+        help="continue from OUT/checkpoint.pt or OUT/checkpoint/ (a sharded run's) if it exists, "
+        "written at any layout; with both, the newer",
     )
     train.add_argument(
         "--tokenizer",
@@ -284,7 +279,7 @@ def _train(args: argparse.Namespace) -> int:
             f"--dp (all {world} processes then train together) or start one process."
         )
     if args.dp * args.tp > 1:  # one process per (data-parallel, tensor-parallel) rank
-        from .parallel.mesh import parallel_trainer
+        from .train import parallel_trainer
 
         trainer: Trainer = parallel_trainer(
             model_cfg,
@@ -317,15 +312,11 @@ def _train(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         trainer = Trainer(model, data, cfg, device=device, out_dir=args.out)
-    if args.sharded_checkpoint:
-        from .parallel.dcp import use_sharded_checkpoints
-
-        use_sharded_checkpoints(trainer)
-    ckpt = args.out / trainer.checkpoint_name
+    ckpt = trainer.checkpoint_path
     if args.resume:
-        _resume(trainer, ckpt, args.out)
+        _resume(trainer, args.out)
     history = trainer.train()
-    if getattr(trainer, "tp_rank", 0) != 0 or getattr(trainer, "dp_rank", 0) != 0:
+    if not trainer.parallel.is_rank0:
         return 0  # only rank 0 writes files and reports
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "metrics.json").write_text(json.dumps(history, indent=1))
@@ -374,26 +365,22 @@ def _tokenizer(args: argparse.Namespace, preset: RunPreset) -> BPETokenizer | No
     return tokenizer
 
 
-def _resume(trainer: Trainer, ckpt: Path, out: Path) -> None:
-    """The newer of the two kinds of checkpoint in ``out`` (by step; on a tie, ``ckpt``, the
-    kind this run writes); nothing if there is none."""
+def _resume(trainer: Trainer, out: Path) -> None:
+    """The newer of the two forms of checkpoint in ``out`` (by step; on a tie, the one this
+    run writes); nothing if there is none."""
     from .checkpoint import load_checkpoint
-    from .parallel import dcp
+    from .checkpoint.run import RUN_FILE
 
-    other = out / ("checkpoint.pt" if ckpt.name == dcp.SHARDED_NAME else dcp.SHARDED_NAME)
-    found_all = [p for p in (ckpt, other) if p.exists()]
+    mine = trainer.checkpoint_path
+    found_all = [p for p in (mine, out / "checkpoint.pt", out / "checkpoint") if p and p.exists()]
     if not found_all:
         return
 
     def step(path: Path) -> int:
-        state = load_checkpoint(path / dcp.RUN_FILE if path.is_dir() else path)
-        return int(state.get("step", 0))
+        return int(load_checkpoint(path / RUN_FILE if path.is_dir() else path).get("step", 0))
 
-    found = max(found_all, key=step) if len(found_all) == 2 else found_all[0]
-    if found.is_dir():
-        dcp.load_sharded(trainer, found)
-    else:
-        trainer.resume(found)
+    found = max(dict.fromkeys(found_all), key=step)  # max keeps the first of equals: mine
+    trainer.resume(found)
     print(f"resumed from {found} at step {trainer.step}")
 
 

@@ -1,42 +1,45 @@
 """One way to build a model: ``build_model`` applies every transform in one documented order.
 
-A run is described by a ``ModelRecipe`` (precision, fused kernels, compile, tensor parallelism).
+A run is described by a ``ModelRecipe`` (precision, fused kernels, compile, parallel layout).
 ``build_model(cfg, ...)`` returns a *new* ``GPT`` built for it, in this order, as torchtitan's
 ``parallelize_*`` functions do:
 
 1. **Layers.** The ``LayerFactory`` builds the model: ``TorchLayers`` (plain PyTorch), or
    ``TritonLayers`` for ``fused=True``, whose ``Block`` and ``MLP`` variants call our kernels.
-2. **Precision backend.** The precision policy's ``prepare_model`` swaps the Linear layers
-   (``fp8``: ``FP8Linear``; ``te-fp8``: Transformer Engine modules). Other policies change
-   nothing here; they act per step (autocast, TF32, loss scaling) in the ``Trainer``.
-3. **Parallelism.** ``tp=parallel.TPSpec(group, shard_map)``: this rank's shards of the full
-   model (``TPSpec.apply``, i.e. ``parallel.tp.parallelize``), from the same seeded full weights
-   on every rank. Under TP this step comes *before* step 2: the precision's layer swap then
-   meets the parallel layers, and each knows its FP8 variant (``parallel.tp_fp8``); with
-   ``fused`` the parallel layers sit among the Triton kernels (``parallel.tp.tp_layers``).
+2. **Tensor parallelism.** ``parallel=ParallelDims(tp=TPSpec(group, shard_map))``: this rank's
+   shards of the full model (``parallel.tp_model.parallelize``), from the same seeded full
+   weights on every rank; with ``fused`` the parallel layers sit among the Triton kernels.
+3. **Precision backend.** The precision policy's ``prepare_model`` swaps the Linear layers
+   (``fp8``: ``FP8Linear``; ``te-fp8``: Transformer Engine modules); a parallel layer becomes its
+   FP8 variant (``parallel.tp_fp8``). Other policies change nothing here; they act per step
+   (autocast, TF32, loss scaling) in the ``Trainer``.
 4. **Device**, then 5. **compilation** (``nn.Module.compile``: the module stays a ``GPT`` with
    the same parameter names, so checkpoints do not depend on it).
+6. **Data parallelism** over ``parallel.dp_group``: FSDP2 (``fully_shard`` per block, then the
+   root) or DDP (``replicate``); both keep the module a ``GPT``.
 
-The model remembers its recipe (``model.recipe``); the ``Trainer`` reads it and only trains.
+Before any of it, the layout is checked once: ``parallel.compose`` says what does not compose,
+and FP8 must span every process. The model remembers what was done to it (``model.recipe``,
+and ``model.parallel``, the ``ParallelDims``); the ``Trainer`` reads both and only trains.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
 from .config import GPTConfig
 from .layers import LayerFactory, TorchLayers
 from .model import GPT
+from .parallel.compose import check_composition
+from .parallel.dp import replicate_with_ddp, shard_with_fsdp
+from .parallel.mesh import ParallelDims
 from .precision import PrecisionPolicy, get_policy
 
-if TYPE_CHECKING:  # for annotations only: build_model calls tp.apply, never imports parallel/
-    from .parallel.tp_model import TPSpec
-
-__all__ = ["ModelRecipe", "build_model", "recipe_of"]
+__all__ = ["ModelRecipe", "build_model", "check_fp8_spans_every_process", "recipe_of"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class ModelRecipe:
     fused: bool = False
     compile: bool = False
     tp: int = 1  # tensor-parallel degree
+    dp: int = 1  # data-parallel degree
 
 
 def recipe_of(model: torch.nn.Module) -> ModelRecipe | None:
@@ -61,7 +65,7 @@ def build_model(
     precision: str | PrecisionPolicy = "fp32",
     fused: bool = False,
     compile: bool = False,
-    tp: TPSpec | None = None,
+    parallel: ParallelDims | None = None,
     device: torch.device | str | None = None,
     seed: int | None = None,
     weights: Mapping[str, torch.Tensor] | None = None,
@@ -74,13 +78,18 @@ def build_model(
     ``weights``: start from these instead of a fresh initialisation (a plain ``GPT``'s state
     dict: another run's model, a checkpoint's, or ``hf_to_tutorial_state_dict``'s); they are
     loaded right after step 1. ``layers`` replaces step 1's factory (not with ``fused``).
-    Combinations that cannot work raise ``ValueError`` naming the conflict.
+    ``parallel``: this process's place in a parallel run (``ParallelDims``). Combinations that
+    cannot work raise ``ValueError`` naming the conflict, before anything is built.
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
+    dims = parallel or ParallelDims()
+    name = precision if isinstance(precision, str) else precision.name
+    check_composition(name, dims.tp is not None, dims.fsdp)  # what no device could train
     policy = get_policy(precision, dev)  # raises if this device cannot run the precision
     precision = policy.name
     if layers is not None and fused:
         raise ValueError("Pass either layers= (your own factory) or fused=True, not both.")
+    check_fp8_spans_every_process(policy, dims)
     if seed is not None:
         torch.manual_seed(seed)
     # 1. layers. A precision that swaps the Linear layers adds their bias in its GEMM, so the
@@ -92,12 +101,10 @@ def build_model(
     model = GPT(cfg, layers or TorchLayers())
     if weights is not None:
         model.load_state_dict(weights)
-    # 3 before 2 under TP (module docstring)
-    degree = 1
-    if tp is not None:
-        model = tp.apply(model.to(dev), fused=fused, precision=precision)  # may refuse
-        degree = tp.degree
-    # 2. precision backend
+    # 2. tensor parallelism
+    if dims.tp is not None:
+        model = dims.tp.apply(model.to(dev), fused=fused)
+    # 3. precision backend
     if policy.prepare_model is not None:
         prepared = policy.prepare_model(model)  # swaps layers in place and returns the model
         if not isinstance(prepared, GPT):
@@ -112,5 +119,24 @@ def build_model(
         if not hasattr(torch, "compile"):
             raise RuntimeError(f"torch {torch.__version__} has no torch.compile; use torch>=2.6.")
         model.compile()
-    model.recipe = ModelRecipe(precision=precision, fused=fused, compile=compile, tp=degree)
+    # 6. data parallelism (over one rank it would change nothing)
+    if dims.dp > 1 and dims.fsdp:
+        shard_with_fsdp(model, dims.dp_group, dev, dims.param_dtype)
+    elif dims.dp > 1:
+        replicate_with_ddp(model, dims.dp_group, dev)
+    model.parallel = dims
+    model.recipe = ModelRecipe(precision, fused, compile, tp=dims.tp_degree, dp=dims.dp)
     return model
+
+
+def check_fp8_spans_every_process(policy: PrecisionPolicy, dims: ParallelDims) -> None:
+    """A ValueError for FP8 on fewer than all processes: its amax all-reduce spans every
+    process, so the others would have to join it."""
+    if policy.prepare_model is not None and dist.is_initialized():
+        world = dist.get_world_size()
+        if dims.world != world:
+            raise ValueError(
+                f"FP8 ({policy.name!r}) on {dims.world} of the {world} processes is not "
+                "supported yet: the FP8 amax reduction spans every process, so the others would "
+                "have to join it. Train on all of them."
+            )

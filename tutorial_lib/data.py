@@ -128,9 +128,14 @@ class TokenData:
         }
 
     def get_batch(
-        self, split: str, batch_size: int, device: torch.device | str = "cpu"
+        self,
+        split: str,
+        batch_size: int,
+        device: torch.device | str = "cpu",
+        rows: slice | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random windows: x is (B, T) token ids, y is x shifted left by one (next token)."""
+        """Random windows: x is (B, T) token ids, y is x shifted left by one (next token).
+        ``rows``: only these rows of the batch (a data-parallel rank's share of it)."""
         if split not in self._gens:
             raise ValueError(f"split must be 'train' or 'val', got {split!r}.")
         data = self.train if split == "train" else self.val
@@ -140,6 +145,8 @@ class TokenData:
         idx = starts[:, None] + torch.arange(self.block_size + 1)[None, :]  # (B, T+1)
         window = data[idx].long()
         x, y = window[:, :-1], window[:, 1:]
+        if rows is not None:
+            x, y = x[rows], y[rows]
         device = torch.device(device)
         if device.type == "cuda":
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(

@@ -80,6 +80,7 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     recipe: Any = None  # how ``build.build_model`` built it (a ``ModelRecipe``); None by hand
+    parallel: Any = None  # the layout ``build_model`` applied (a ``parallel.mesh.ParallelDims``)
 
     def __init__(self, cfg: GPTConfig, layers: LayerFactory | None = None) -> None:
         super().__init__()

@@ -4,8 +4,14 @@ Everything a step does, in order: sample micro-batches -> forward under the prec
 backward (scaled for FP16) -> unscale, clip the gradient norm -> optimizer step -> metrics
 (loss, lr, tokens/s, MFU, peak memory) -> progress bar -> periodic validation and checkpoint.
 
-Checkpoints are written atomically (temporary file, fsync, rename) and hold the model, optimizer,
-schedule, data-sampler and RNG state, so a resumed run reproduces the uninterrupted one.
+The same ``Trainer`` trains a model in one process or as one rank of a parallel run: the model
+carries its layout (``model.parallel``, a ``ParallelDims`` that ``build_model`` applied), from
+which the step takes this rank's rows of the global batch, the ranks its loss is averaged over
+and its gradient norm taken over, and whether this process shows progress and writes files.
+
+Checkpoints (``checkpoint``) hold the model, optimizer, schedule, data-sampler and RNG state, so
+a resumed run reproduces the uninterrupted one; they are written atomically, as one file or, for
+a sharded model, a DCP directory, and either resumes at any layout.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,17 +29,22 @@ import torch
 from tqdm.auto import tqdm
 
 from .build import ModelRecipe, build_model, recipe_of
-from .checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    load_model_state_dict,
-    model_state_dict,
-    save_checkpoint,
-)
+from .checkpoint import checkpoint_name, file_state, load_run, save_run
 from .config import GPTConfig, get_preset
 from .data import TokenData, make_data, preset_data
 from .hardware import describe_device
 from .model import GPT
+from .parallel.launch import join_torchrun
+from .parallel.mesh import (
+    ParallelDims,
+    check_layout,
+    clip_grad_norm_,
+    local_rows,
+    mesh_groups,
+    parallel_of,
+)
+from .parallel.shard import ShardMap
+from .parallel.tp_model import TPSpec
 from .perf import mfu, peak_memory_bytes, phase, reset_peak_memory, synchronize
 from .precision import PrecisionPolicy, get_policy
 from .train_config import TrainConfig, lr_at
@@ -43,10 +55,8 @@ __all__ = [
     "NonFiniteLossError",
     "Trainer",
     "StepCallback",
+    "parallel_trainer",
     "run_training",
-    "save_checkpoint",
-    "load_checkpoint",
-    "CheckpointError",
 ]
 
 
@@ -115,7 +125,10 @@ StepCallback = Callable[["Trainer", dict[str, float | None]], None]
 
 
 class Trainer:
-    """Trains a ``GPT`` on a ``TokenData`` stream; ``history`` holds one dict of metrics per step."""
+    """Trains a ``GPT`` on a ``TokenData`` stream; ``history`` holds one dict of metrics per step.
+
+    ``cfg.batch_size`` is the global batch: a data-parallel rank trains on its rows of it. Only
+    rank 0 of a parallel run shows the progress bar; every rank takes part in a checkpoint."""
 
     def __init__(
         self,
@@ -133,6 +146,10 @@ class Trainer:
             )
         self.policy: PrecisionPolicy = get_policy(cfg.precision, self.device)
         self.recipe = _check_recipe(model, cfg.precision, self.policy)
+        self.parallel: ParallelDims = parallel_of(model)
+        if not self.parallel.is_rank0:
+            cfg = dataclasses.replace(cfg, progress=False)
+        self._rows = local_rows(cfg.batch_size, self.parallel.dp, self.parallel.dp_rank)
         self.cfg, self.data = cfg, data
         torch.manual_seed(cfg.seed)
         self.model = model.to(self.device)
@@ -145,7 +162,8 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         info = describe_device(self.device)
         self._spec = info.spec
-        self._flops_per_token = model.flops_per_token(training=True, seq_len=data.block_size)
+        per_token = model.flops_per_token(training=True, seq_len=data.block_size)
+        self._flops_per_token = per_token / self.parallel.world  # MFU per GPU: 1/(dp t) of it
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -160,12 +178,6 @@ class Trainer:
             return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=betas, fused=True)
         except (RuntimeError, TypeError):  # no fused kernel: foreach beats the per-tensor loop
             return torch.optim.AdamW(groups, lr=self.cfg.lr, betas=betas, foreach=True)
-
-    def _param_order(self) -> list[str]:
-        """Parameter names in the optimizer's index order (its groups, in order): how a sharded
-        trainer keys the optimizer state of the single-process checkpoint format."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        return [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
 
     @property
     def compile_time_s(self) -> float | None:
@@ -199,9 +211,9 @@ class Trainer:
         with self.policy.matmul_settings():
             for _ in range(cfg.grad_accum):  # the phases show in profiler traces (perf.trace)
                 with phase("forward", self.device):
-                    x, y = self._batch("train")
+                    x, y = self.batch("train")
                     with self.policy.autocast(self.device):
-                        _, loss = self._forward(x, y)
+                        _, loss = self.model(x, y)
                     loss = loss / cfg.grad_accum
                     total_loss += loss.detach()
                 with phase("backward", self.device):
@@ -231,8 +243,9 @@ class Trainer:
         cfg = self.cfg
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = self._clip_grad_norm(cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        loss_value = self._mean_over_ranks(total_loss).item()  # synchronises
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = clip_grad_norm_(self.model, max_norm, self.parallel)  # over every rank's shards
+        loss_value = self.parallel.mean_over_dp(total_loss).item()  # synchronises
         norm_value = float(grad_norm)
         # Without a scaler (which skips such steps) one NaN gradient would turn every weight
         # into NaN, clipping included, before the loss shows it: stop here instead.
@@ -247,24 +260,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss_value, norm_value
 
-    # ---- what a parallel trainer overrides (parallel.launch.TPTrainer, parallel.dp.DPTrainer)
-    def _batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """This process's micro-batch: the whole ``cfg.batch_size`` here; a data-parallel rank
-        takes its share of the same global batch."""
-        return self.data.get_batch(split, self.cfg.batch_size, self.device)
-
-    def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The model's forward pass (a DDP trainer calls its wrapper, which syncs gradients)."""
-        return self.model(x, y)
-
-    def _mean_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
-        """A per-process metric made global (data parallelism averages it over the ranks)."""
-        return value
-
-    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        """Clip the gradients to ``max_norm`` and return their norm before clipping (a
-        tensor-parallel trainer overrides this: its norm spans every rank's shards)."""
-        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+    def batch(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """This process's rows of the global batch (all of them without data parallelism)."""
+        return self.data.get_batch(split, self.cfg.batch_size, self.device, self._rows)
 
     @torch.no_grad()
     def evaluate(self, iters: int | None = None) -> float:
@@ -273,10 +271,10 @@ class Trainer:
         losses = []
         with self.policy.matmul_settings():
             for _ in range(iters or self.cfg.eval_iters):
-                x, y = self._batch("val")
+                x, y = self.batch("val")
                 with self.policy.autocast(self.device), _eager(self.recipe.compile):
-                    _, loss = self._forward(x, y)
-                losses.append(self._mean_over_ranks(loss.detach()).item())
+                    _, loss = self.model(x, y)
+                losses.append(self.parallel.mean_over_dp(loss.detach()).item())
         self.model.train()
         return sum(losses) / len(losses)
 
@@ -315,30 +313,25 @@ class Trainer:
                 )
                 every = self.cfg.checkpoint_every
                 if self.out_dir is not None and ((every and done % every == 0) or done == target):
-                    self.write_checkpoint(self.out_dir / self.checkpoint_name)
+                    self.save(self.checkpoint_path)  # type: ignore[arg-type]
         finally:
             bar.close()
         return self.history
 
-    # ---- checkpoints -------------------------------------------------------------------------
-    # What train() writes to out_dir: one file by ``save``, unless parallel.dcp's
-    # ``use_sharded_checkpoints`` makes it a DCP directory (every rank writes its own shards).
-    checkpoint_name = "checkpoint.pt"
-
-    def write_checkpoint(self, path: Path) -> Path:
-        return self.save(path)
+    # ---- checkpoints (the design: ``checkpoint.run``) ----------------------------------------
+    @property
+    def checkpoint_path(self) -> Path | None:
+        """Where ``train()`` writes checkpoints: ``out_dir/checkpoint.pt``, or for a sharded
+        model the DCP directory ``out_dir/checkpoint``."""
+        return None if self.out_dir is None else self.out_dir / checkpoint_name(self.parallel)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **self.run_state(),
-            "model": model_state_dict(self.model),  # TE's FP8 state without pickle
-            "optimizer": self.optimizer.state_dict(),
-        }
+        """What a checkpoint file holds (one process holding the whole state)."""
+        return file_state(self.model, self.optimizer, self.run_state())
 
     def run_state(self) -> dict[str, Any]:
         """Everything a checkpoint holds except the model and the optimizer state: step,
-        configs, loss scaler, schedule, RNG, sampler and history (a sharded checkpoint keeps the
-        weights apart: ``parallel.dcp``)."""
+        configs, loss scaler, schedule, RNG, sampler and history."""
         return {
             "format": "tutorial_lib.checkpoint/1",
             "step": self.step,
@@ -351,11 +344,6 @@ class Trainer:
             "data": self.data.state_dict(),
             "history": self.history,
         }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.check_compatible(state)
-        self._load_model_and_optimizer(state["model"], state["optimizer"])
-        self.load_run_state(state)
 
     def check_compatible(self, state: dict[str, Any]) -> None:
         """A ValueError unless ``state`` is a checkpoint of this model in this precision."""
@@ -391,35 +379,17 @@ class Trainer:
         self.data.load_state_dict(state["data"])
         _set_rng_state(state["rng"])
 
-    def _load_model_and_optimizer(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
-        """Load the full model and the optimizer state (a sharded trainer scatters them)."""
-        load_model_state_dict(self.model, model)
-        self.optimizer.load_state_dict(keep_implementation(optimizer, self.optimizer))
-
     def save(self, path: str | Path) -> Path:
-        self.last_checkpoint = save_checkpoint(path, self.state_dict())
+        """Write a checkpoint (every rank of a parallel run calls it)."""
+        self.last_checkpoint = save_run(path, self.model, self.optimizer, self.run_state())
         return self.last_checkpoint
 
     def resume(self, path: str | Path) -> None:
-        """Restore everything from a checkpoint written by ``save``; ``train()`` continues."""
-        self.load_state_dict(load_checkpoint(path))
+        """Restore everything from a checkpoint file or directory, written at any layout;
+        ``train()`` continues."""
+        run = load_run(path, self.model, self.optimizer, check=self.check_compatible)
+        self.load_run_state(run)
         self.last_checkpoint = Path(path)
-
-
-# AdamW's settings that choose a kernel, not the math: a checkpoint written where the fused kernel
-# ran (or could not) must not switch the kernel of the process that resumes it.
-_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
-
-
-def keep_implementation(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """``saved`` (an ``optimizer.state_dict()``) with each param group's kernel choice
-    (``fused``, ``foreach``, ...) taken from ``optimizer``, so a run resumed on another layout or
-    device keeps the kernel it can run; the hyperparameters and state come from ``saved``."""
-    groups = [
-        {**g, **{k: mine[k] for k in _IMPLEMENTATION_KEYS if k in mine}}
-        for g, mine in zip(saved["param_groups"], optimizer.param_groups, strict=False)
-    ]
-    return {**saved, "param_groups": groups}
 
 
 def run_training(
@@ -460,3 +430,43 @@ def run_training(
     trainer = Trainer(model, data, train_cfg, device=device)
     trainer.train(on_step=on_step)
     return trainer
+
+
+def parallel_trainer(
+    model_cfg: GPTConfig,
+    data: TokenData,
+    cfg: TrainConfig,
+    dp: int,
+    tp: int,
+    mode: str = "fsdp",
+    fused: bool = False,
+    compile: bool = False,
+    device: str | None = None,
+    out_dir: str | Path | None = None,
+    seed: int = 0,
+    sequence_parallel: bool = False,
+    vocab_parallel: bool = False,
+) -> Trainer:
+    """Under torchrun with ``dp * tp`` processes: join them, make the mesh, build this rank's
+    model (the same seeded full weights everywhere, cut for its TP rank) and return its
+    trainer: what ``python -m tutorial_lib train --dp D --tp T`` runs on each process. Build
+    ``data`` with the same seed on every rank. ``sequence_parallel`` and ``vocab_parallel`` need
+    ``tp`` > 1 (``parallel.tp_model.TPGPT``)."""
+    if (sequence_parallel or vocab_parallel) and tp == 1:
+        raise ValueError(
+            "--sequence-parallel and --vocab-parallel split over the tensor-parallel ranks: "
+            "use them with --tp 2 or more."
+        )
+    check_layout(dp, tp, int(os.environ.get("WORLD_SIZE", "1")), model_cfg)
+    local_rows(cfg.batch_size, dp, 0)  # a batch that does not split: the error, before starting
+    env = join_torchrun("--tp" if dp == 1 else "--dp", dp * tp, device)
+    dev = torch.device(device or env.device)
+    dp_group, tp_group = mesh_groups(dp, tp, dev.type)
+    shard_map = ShardMap.even(model_cfg, tp, vocab_parallel=vocab_parallel)
+    spec = TPSpec(tp_group, shard_map, sequence_parallel=sequence_parallel) if tp > 1 else None
+    dims = ParallelDims(dp_group if dp > 1 else None, mode, spec)
+    model = build_model(
+        model_cfg, precision=cfg.precision, fused=fused, compile=compile, parallel=dims,
+        device=dev, seed=seed,
+    )  # fmt: skip
+    return Trainer(model, data, cfg, device=dev, out_dir=out_dir)

@@ -31,8 +31,8 @@ __all__ = [
 ]
 
 # Tensor parallelism on torch.distributed: Megatron's operators (comm), the column/row-parallel
-# layers and model (tp, which re-exports tp_linear, tp_model and tp_checkpoint), starting
-# processes with spawn or torchrun (launch), spawned workers.
+# layers (tp_linear) and the model transform (tp_model); the layout of a run (mesh); starting
+# processes with spawn or torchrun (launch).
 from .comm import (
     CopyToTensorParallel,
     GatherFromSequenceParallel,
@@ -43,10 +43,10 @@ from .comm import (
     reduce_from_tp,
     scatter_to_sp,
 )
-from .launch import DistEnv, SpawnError, TPTrainer, init_from_env, spawn, tensor_parallel_trainer
-from .tp import (
-    ColumnParallelLinear,
-    RowParallelLinear,
+from .launch import DistEnv, SpawnError, init_from_env, spawn
+from .mesh import ParallelDims
+from .tp_linear import ColumnParallelLinear, RowParallelLinear
+from .tp_model import (
     TPLayers,
     TPSpec,
     gather_full,
@@ -78,8 +78,7 @@ __all__ += [
     "SpawnError",
     "init_from_env",
     "DistEnv",
-    "TPTrainer",
-    "tensor_parallel_trainer",
+    "ParallelDims",
 ]
 
 # Nonuniform tensor parallelism: planning after failures and degraded shard maps (ntp), the

@@ -3,18 +3,15 @@
 - ``spawn(fn, world_size, *args)`` starts ``world_size`` CPU processes on this machine, joins
   them into one process group (gloo over 127.0.0.1) and returns ``fn(rank, world_size, *args)``
   of every rank. ``fn`` must be importable by name (it is pickled by name), so the book's
-  workers live in ``parallel.workers``. Without CUDA the ranks fork from a forkserver that has
+  workers live in ``jobs.workers``. Without CUDA the ranks fork from a forkserver that has
   imported torch once; with CUDA they start as fresh interpreters (``_context``).
 - ``init_from_env()`` joins the process group that ``torchrun`` describes in RANK, WORLD_SIZE
   and LOCAL_RANK (NCCL on GPUs, gloo on CPUs).
-- ``TPTrainer`` is the ``Trainer`` of one TP rank, and ``tensor_parallel_trainer`` sets one up
-  under torchrun (``python -m tutorial_lib train --tp N``).
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import pickle
 import socket
@@ -31,16 +28,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..config import GPTConfig
-from ..data import TokenData
-from ..model import GPT
-from ..train import TrainConfig, Trainer, save_checkpoint
-from .comm import Group, group_rank, on_rank0
-from .compose import check_composition
-from .shard import ShardMap
-from .tp_checkpoint import gather_checkpoint, shard_checkpoint
-from .tp_model import tp_clip_grad_norm_
-
 __all__ = [
     "SpawnError",
     "spawn",
@@ -48,9 +35,6 @@ __all__ = [
     "DistEnv",
     "init_from_env",
     "join_torchrun",
-    "TPTrainer",
-    "check_parallel_precision",
-    "tensor_parallel_trainer",
 ]
 
 
@@ -89,7 +73,7 @@ def _context(fn: Callable[..., Any]) -> Any:
     if not ours or torch.cuda.is_available() or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["tutorial_lib.parallel.workers"])  # imports torch, the package
+    ctx.set_forkserver_preload(["tutorial_lib.jobs.workers"])  # imports torch, the package
     return ctx
 
 
@@ -149,7 +133,7 @@ def _check_picklable(fn: Callable[..., Any]) -> None:
         raise ValueError(
             f"spawn() needs a worker a fresh process can import; {name} is defined in "
             "__main__ or inside a function (a notebook, a test). Put it in a module, as the "
-            "book's workers are in tutorial_lib.parallel.workers."
+            "book's workers are in tutorial_lib.jobs.workers."
         )
     pickle.dumps(fn)
 
@@ -310,94 +294,3 @@ def join_torchrun(flag: str, n: int, device: str | None) -> DistEnv:
         )
     cpu = device is not None and torch.device(device).type == "cpu"
     return init_from_env("gloo" if cpu else None)
-
-
-def check_parallel_precision(trainer: Trainer, parallel_ranks: int, tp: bool, fsdp: bool) -> None:
-    """Refuse what a parallel run cannot train right, with the reason: the combinations that
-    ``compose.composition_problem`` names, and FP8 when the job's ``parallel_ranks`` are not
-    every process (the amax all-reduce spans the world)."""
-    precision = trainer.cfg.precision
-    check_composition(precision, tp, fsdp)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if trainer.policy.prepare_model is not None and parallel_ranks != world:
-        raise ValueError(
-            f"FP8 ({precision!r}) on {parallel_ranks} of the {world} processes is not "
-            "supported yet: the FP8 amax reduction spans every process, so the others would "
-            "have to join it. Train on all of them."
-        )
-
-
-class TPTrainer(Trainer):
-    """The ``Trainer`` of one tensor-parallel rank; every rank runs one, on the same batches.
-
-    What differs from ``Trainer``: the gradient norm (and so clipping) spans all ranks' shards;
-    checkpoints hold the gathered full model and optimizer state in the single-process format
-    (loadable by a plain ``Trainer``), and a TP run resumes any such checkpoint, written at any
-    layout, by cutting it for its own shard map; only TP rank 0 writes them and shows the
-    progress bar; MFU counts 1/t of the model's FLOPs per GPU.
-    """
-
-    def __init__(
-        self,
-        model: GPT,
-        data: TokenData,
-        cfg: TrainConfig,
-        group: Group,
-        shard_map: ShardMap,
-        device: torch.device | str | None = None,
-        out_dir: str | Path | None = None,
-    ) -> None:
-        self.group, self.shard_map, self.tp_rank = group, shard_map, group_rank(group)
-        if self.tp_rank != 0:
-            cfg = dataclasses.replace(cfg, progress=False)
-        super().__init__(model, data, cfg, device=device, out_dir=out_dir)
-        check_parallel_precision(self, shard_map.tp, tp=True, fsdp=False)
-        self._flops_per_token /= shard_map.tp
-
-    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        return tp_clip_grad_norm_(self.model, max_norm, self.group)
-
-    def state_dict(self) -> dict[str, Any]:
-        state = self.run_state()
-        state["model"], state["optimizer"] = gather_checkpoint(
-            self.model.state_dict(),
-            self.optimizer.state_dict(),
-            self._param_order(),
-            self.model.config,
-            self.group,
-            self.shard_map,
-        )
-        state["tensor_parallel"] = {
-            "tp": self.shard_map.tp,
-            "heads": self.shard_map.heads,
-            "ffn": self.shard_map.ffn,
-        }
-        return state
-
-    def save(self, path: str | Path) -> Path:
-        state = self.state_dict()  # every rank takes part in the gather
-        on_rank0(self.group, lambda: save_checkpoint(path, state))
-        self.last_checkpoint = Path(path)
-        return self.last_checkpoint
-
-    def _load_model_and_optimizer(self, model: dict[str, Any], optimizer: dict[str, Any]) -> None:
-        model, optimizer = shard_checkpoint(
-            model, optimizer, self._param_order(), self.model.config, self.shard_map, self.tp_rank
-        )
-        super()._load_model_and_optimizer(model, optimizer)
-
-
-def tensor_parallel_trainer(
-    model_cfg: GPTConfig,
-    data: TokenData,
-    cfg: TrainConfig,
-    tp: int,
-    device: str | None = None,
-    out_dir: str | Path | None = None,
-    seed: int = 0,
-) -> Trainer:
-    """Under torchrun with ``tp`` processes: this rank's ``TPTrainer`` (``mesh.parallel_trainer``
-    with ``dp=1``: the same seeded full weights on every rank, cut for its TP rank)."""
-    from .mesh import parallel_trainer
-
-    return parallel_trainer(model_cfg, data, cfg, 1, tp, device=device, out_dir=out_dir, seed=seed)

@@ -1,5 +1,5 @@
-"""2D parallelism: data parallelism (DDP or FSDP2) over one dimension of a device mesh, tensor
-parallelism over the other, as torchtitan and Megatron lay them out.
+"""Where a run's processes sit: data parallelism (DDP or FSDP2) over one dimension of a device
+mesh, tensor parallelism over the other, as torchtitan and Megatron lay them out.
 
     rank = d * tp + t        d: the data-parallel index (which replica), t: the TP index
 
@@ -9,31 +9,148 @@ builds the mesh with ``init_device_mesh`` (under torchrun, every process in it) 
 rank's two process groups; ``groups_2d`` does the same with ``dist.new_group`` for a job on some
 of the processes (the tests run several layouts in one spawn), plus a group of the whole job.
 
-``parallel_trainer`` is what ``python -m tutorial_lib train --dp D --tp T`` runs on each of the
-D x T processes: ``DPTrainer`` over its data-parallel group, on a model that holds its TP
-shards. With ``--tp`` alone it is ``TPTrainer``, with ``--dp`` alone ``DPTrainer``.
+``ParallelDims`` is the layout one process takes part in: ``build_model(parallel=...)`` applies
+it (TP, then FSDP2 or DDP) and the ``Trainer`` reads from it the three things a step needs to
+know: which rows of the global batch are this rank's, over which ranks the loss is averaged and
+the gradient norm is taken (``clip_grad_norm_``), and which rank writes files.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..build import build_model
 from ..config import GPTConfig
-from ..data import TokenData
-from ..train import TrainConfig, Trainer
-from .comm import Group
-from .dp import DPTrainer, local_rows
-from .launch import TPTrainer, join_torchrun
-from .shard import ShardMap
-from .tp_model import TPSpec
+from .comm import Group, group_rank, group_size
+from .tp_model import TPSpec, tp_clip_grad_norm_
 
-__all__ = ["check_layout", "groups_2d", "mesh_groups", "parallel_trainer"]
+__all__ = [
+    "DP_MODES",
+    "ParallelDims",
+    "check_layout",
+    "clip_grad_norm_",
+    "groups_2d",
+    "local_rows",
+    "mesh_groups",
+    "parallel_of",
+]
+
+DP_MODES = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """The layout of one process: its data-parallel group (``dp_group``; None: one replica) and
+    how the replicas keep their copies (``dp_mode``: DDP replicates, FSDP2 shards), its
+    tensor-parallel ``tp`` (a ``TPSpec``; None: no TP), and ``job_group``, every process of the
+    run (default: ``dp_group`` without TP, all processes with it; a job on some of the processes
+    of a spawn passes its own). ``param_dtype``: FSDP2's ``MixedPrecisionPolicy`` casts the
+    gathered parameters to it (half the all-gather bytes in BF16) and reduces in float32."""
+
+    dp_group: Group = None
+    dp_mode: str = "fsdp"
+    tp: TPSpec | None = None
+    job_group: Group = None
+    param_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.dp_mode not in DP_MODES:
+            raise ValueError(
+                f"Unknown data-parallel mode {self.dp_mode!r}; choose one of {DP_MODES}."
+            )
+        if self.param_dtype is not None and self.dp_mode != "fsdp":
+            raise ValueError("param_dtype is FSDP2's MixedPrecisionPolicy: use dp_mode='fsdp'.")
+
+    @property
+    def dp(self) -> int:
+        return group_size(self.dp_group)
+
+    @property
+    def dp_rank(self) -> int:
+        return group_rank(self.dp_group)
+
+    @property
+    def tp_degree(self) -> int:
+        return self.tp.degree if self.tp is not None else 1
+
+    @property
+    def tp_rank(self) -> int:
+        if self.tp is None:
+            return 0
+        return self.tp.rank if self.tp.rank is not None else group_rank(self.tp.group)
+
+    @property
+    def world(self) -> int:
+        """The processes that train this model together: dp x tp."""
+        return self.dp * self.tp_degree
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether FSDP2 shards the model (over one rank it would change nothing)."""
+        return self.dp > 1 and self.dp_mode == "fsdp"
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model's state is split over ranks (FSDP2 or TP): then its checkpoint is a
+        DCP directory, each rank writing its pieces; otherwise one rank holds all of it."""
+        return self.fsdp or self.tp_degree > 1
+
+    @property
+    def is_rank0(self) -> bool:
+        """The process that shows progress and writes files."""
+        return self.dp_rank == 0 and self.tp_rank == 0
+
+    def mean_over_dp(self, value: torch.Tensor) -> torch.Tensor:
+        """A per-rank value (a loss) averaged over the data-parallel ranks; the TP ranks of a
+        replica hold the same loss already."""
+        if self.dp == 1:
+            return value
+        total = value.detach().clone()
+        dist.all_reduce(total, group=self.dp_group)
+        return total / self.dp
+
+    @property
+    def job(self) -> Group:
+        """Every process of the run (None without a process group)."""
+        if not dist.is_initialized() or self.world == 1:
+            return self.job_group
+        if self.job_group is not None:
+            return self.job_group
+        return self.dp_group if self.tp is None else dist.group.WORLD
+
+
+def parallel_of(model: torch.nn.Module) -> ParallelDims:
+    """The layout ``build_model`` applied to ``model`` (one process for a model built without)."""
+    dims = getattr(model, "parallel", None)
+    return dims if isinstance(dims, ParallelDims) else ParallelDims()
+
+
+def local_rows(global_batch: int, dp: int, rank: int) -> slice:
+    """The rows of a global batch that data-parallel ``rank`` of ``dp`` trains on."""
+    if global_batch % dp:
+        raise ValueError(
+            f"The global batch of {global_batch} sequences does not split evenly over {dp} "
+            f"data-parallel ranks: choose --batch-size as a multiple of {dp} (e.g. "
+            f"{dp * max(1, global_batch // dp)})."
+        )
+    local = global_batch // dp
+    return slice(rank * local, (rank + 1) * local)
+
+
+def clip_grad_norm_(model: torch.nn.Module, max_norm: float, dims: ParallelDims) -> torch.Tensor:
+    """Clip the gradients to ``max_norm``; return the norm of the *full* gradient before
+    clipping, the same on every rank: over every TP rank's shards (``tp_clip_grad_norm_``) and,
+    under FSDP2, every data-parallel rank's rows (its gradients are DTensors)."""
+    if dims.tp is not None:
+        fsdp = dims.dp_group if dims.fsdp else None
+        return tp_clip_grad_norm_(model, max_norm, dims.tp.group, fsdp_group=fsdp)  # type: ignore[arg-type]
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    from torch.distributed.tensor import DTensor
+
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def check_layout(dp: int, tp: int, world: int, cfg: GPTConfig | None = None) -> None:
@@ -79,43 +196,3 @@ def groups_2d(dp: int, tp: int, ranks: Sequence[int]) -> tuple[Group, Group, Gro
         return None
     d, t = divmod(ranks.index(me), tp)
     return dp_groups[t], tp_groups[d], job
-
-
-def parallel_trainer(
-    model_cfg: GPTConfig,
-    data: TokenData,
-    cfg: TrainConfig,
-    dp: int,
-    tp: int,
-    mode: str = "fsdp",
-    fused: bool = False,
-    compile: bool = False,
-    device: str | None = None,
-    out_dir: str | Path | None = None,
-    seed: int = 0,
-    sequence_parallel: bool = False,
-    vocab_parallel: bool = False,
-) -> Trainer:
-    """Under torchrun with ``dp * tp`` processes: join them, make the mesh, build this rank's
-    model (the same seeded full weights everywhere, cut for its TP rank) and return its
-    trainer. Build ``data`` with the same seed on every rank. ``sequence_parallel`` and
-    ``vocab_parallel`` need ``tp`` > 1 (``parallel.tp.TPGPT``)."""
-    if (sequence_parallel or vocab_parallel) and tp == 1:
-        raise ValueError(
-            "--sequence-parallel and --vocab-parallel split over the tensor-parallel ranks: "
-            "use them with --tp 2 or more."
-        )
-    check_layout(dp, tp, int(os.environ.get("WORLD_SIZE", "1")), model_cfg)
-    local_rows(cfg.batch_size, dp, 0)  # a batch that does not split: the error, before starting
-    env = join_torchrun("--tp" if dp == 1 else "--dp", dp * tp, device)
-    dev = torch.device(device or env.device)
-    dp_group, tp_group = mesh_groups(dp, tp, dev.type)
-    shard_map = ShardMap.even(model_cfg, tp, vocab_parallel=vocab_parallel)
-    spec = TPSpec(tp_group, shard_map, sequence_parallel=sequence_parallel) if tp > 1 else None
-    model = build_model(
-        model_cfg, precision=cfg.precision, fused=fused, compile=compile, tp=spec, device=dev,
-        seed=seed,
-    )  # fmt: skip
-    if dp == 1 and spec is not None:
-        return TPTrainer(model, data, cfg, tp_group, spec.shard_map, device=dev, out_dir=out_dir)
-    return DPTrainer(model, data, cfg, mode, group=dp_group, device=dev, out_dir=out_dir, tp=spec)

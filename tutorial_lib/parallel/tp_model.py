@@ -1,14 +1,43 @@
-"""The tensor-parallel model: the ``TPLayers`` factory (with its sequence-parallel LayerNorm
-and its Triton variant, ``tp_layers``), ``TPGPT``, ``parallelize`` and ``TPSpec`` (a full model
-cut into this rank's shards by ``shard_state_dict``), and ``tp_clip_grad_norm_`` (the norm of the
-full gradient over every rank's shards). The overview is ``parallel.tp``'s docstring.
+"""Tensor-parallel layers and model: Megatron's column/row split, with uneven shards.
+
+A Block has two column-parallel -> row-parallel pairs (attention: ``attn.qkv`` -> ``attn.proj``
+over heads; MLP: ``mlp.fc`` -> ``mlp.proj`` over FFN columns). Per pair, in forward:
+
+    x (replicated) --f--> [x @ W_col^T: my heads / my FFN columns] --> local attention or GELU
+      --> [h_mine @ W_row^T: a partial sum] --g (all-reduce)--> y (replicated) + bias
+
+``f`` and ``g`` are ``comm.copy_to_tp`` and ``comm.reduce_from_tp``. Two all-reduces per Block in
+forward (``g``) and two in backward (``f``). Everything outside the pairs (embeddings,
+LayerNorms, the row-parallel biases, the LM head) is replicated: every rank computes it
+identically, and its gradients come out identical too, because ``f`` sums the partial gradients.
+
+Which rows or columns a rank owns comes from a ``ShardMap`` (``shard.py``); the layouts from
+``unit_specs`` and ``global_index``, so a shard may hold any set of heads, e.g. heads (0, 3).
+Dropout is not supported under TP: it would need Megatron's per-rank RNG tracker.
+
+What composes with it: ``fused=True`` keeps the Triton LayerNorm, residual-add-LayerNorm, GELU and
+loss kernels around the parallel layers (``tp_layers``; the MLP keeps ``fc``'s bias in its GEMM,
+since the column-parallel layer must run its own forward); an FP8 precision swaps each parallel
+layer for its FP8 variant (``to_fp8``, ``parallel.tp_fp8``) after the split; ``torch.compile``
+compiles the model with the collectives inside the autograd Functions of ``comm``.
+``shard_state_dict`` cuts a full state dict for a rank and ``gather_full`` joins the shards
+again; checkpoints do not need either (``checkpoint``: each rank writes its pieces of the full
+tensors, and a run resumes at any TP degree).
+
+This module holds the model transform: the ``TPLayers`` factory (with its sequence-parallel
+LayerNorm and its Triton variant, ``tp_layers``), ``TPGPT``, ``parallelize`` and ``TPSpec``,
+``shard_state_dict`` and ``gather_full``, and ``tp_clip_grad_norm_`` (the norm of the full
+gradient over every rank's shards). The f and g operators are ``comm``'s, the column- and
+row-parallel layers ``tp_linear``'s.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,6 +59,8 @@ __all__ = [
     "SequenceParallelLayerNorm",
     "check_tp_setup",
     "shard_state_dict",
+    "gather_full",
+    "gather_full_state_dict",
     "parallelize",
     "tp_layers",
     "tp_clip_grad_norm_",
@@ -258,6 +289,57 @@ def shard_state_dict(
     return out
 
 
+def gather_full(
+    tensors: Mapping[str, torch.Tensor], cfg: GPTConfig, group: Group, shard_map: ShardMap
+) -> dict[str, torch.Tensor]:
+    """The inverse of ``shard_state_dict``, on every rank: full tensors from each rank's shards.
+
+    Works for parameters and for their gradients. Shards may differ in size, so instead of one
+    padded all-gather, each rank in turn packs all its shards into one flat buffer and
+    broadcasts it (t broadcasts in all); everyone knows every buffer's layout from the map.
+    """
+    rank = check_tp_setup(cfg, group, shard_map, None)
+    specs = unit_specs(cfg)
+    sharded = {
+        n: (t, s) for n, t in tensors.items() if (s := param_spec(n, specs, shard_map)) is not None
+    }
+    out = {n: t for n, t in tensors.items() if n not in sharded}  # replicated
+    if not sharded:
+        return out
+    full: dict[str, torch.Tensor] = {}
+    for name, (t, spec) in sharded.items():
+        shape = list(t.shape)
+        shape[spec.dim] = spec.groups * rank_units(shard_map, spec, 0)[1] * spec.width
+        full[name] = t.new_empty(shape)
+    for src in range(shard_map.tp):
+        pieces = []  # (name, spec, index into the full tensor, shape of src's shard)
+        for name, (t, spec) in sharded.items():
+            index = global_index(spec, *rank_units(shard_map, spec, src)).to(t.device)
+            shape = list(t.shape)
+            shape[spec.dim] = len(index)
+            pieces.append((name, spec, index, shape))
+        if src == rank:
+            flat = torch.cat([sharded[n][0].detach().reshape(-1) for n, *_ in pieces])
+        else:
+            sizes = sum(math.prod(shape) for *_, shape in pieces)
+            flat = next(iter(sharded.values()))[0].new_empty(sizes)
+        if group is not None and shard_map.tp > 1:
+            dist.broadcast(flat, src=dist.get_global_rank(group, src), group=group)
+        offset = 0
+        for name, spec, index, shape in pieces:
+            size = math.prod(shape)
+            piece = flat[offset : offset + size].view(shape)
+            full[name].index_copy_(spec.dim, index, piece)
+            offset += size
+    out.update(full)
+    return {n: out[n] for n in tensors}  # keep the input's order
+
+
+def gather_full_state_dict(tp_model: GPT, group: Group, shard_map: ShardMap) -> dict[str, Any]:
+    """The full (single-process) state dict of a tensor-parallel model, on every rank."""
+    return gather_full(tp_model.state_dict(), tp_model.config, group, shard_map)
+
+
 def parallelize(
     model: GPT,
     group: Group,
@@ -294,12 +376,8 @@ class TPSpec:
     def degree(self) -> int:
         return self.shard_map.tp
 
-    def apply(self, model: GPT, fused: bool = False, precision: str = "fp32") -> GPT:
-        """This rank's tensor-parallel copy of the full ``model`` (``parallelize``), for a run in
-        ``precision`` (refused with the reason where it does not compose: ``compose``)."""
-        from .compose import check_composition
-
-        check_composition(precision, tp=True, fsdp=False)
+    def apply(self, model: GPT, fused: bool = False) -> GPT:
+        """This rank's tensor-parallel copy of the full ``model`` (``parallelize``)."""
         sp = self.sequence_parallel
         return parallelize(model, self.group, self.shard_map, self.rank, fused, sp)
 

@@ -1,29 +1,17 @@
-"""Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP), safe to open, that reshard.
+"""What a sharded checkpoint needs from ``torch.distributed.checkpoint`` (DCP): a safe reader,
+and a view of each rank's state that DCP can write and read at any layout.
 
-``save_sharded(trainer, directory)`` has every rank write its own shards of the model and the
-optimizer state (DCP's ``.distcp`` files plus a ``.metadata`` index that records each tensor's
-global shape and which file holds which piece); nothing is gathered on one rank. The rest of the
-run's state (``Trainer.run_state``: step, configs, schedule, sampler, RNG, history) goes into
-``directory/run.pt``, written by rank 0 with ``save_checkpoint``. Everything is written into a
-temporary sibling (``.tmp``) that rank 0 renames into place at the end, after moving the previous
-checkpoint aside (``.old``, deleted last), so a crash never leaves a half-written directory under
-the checkpoint's name. A failed write on rank 0 raises on every rank.
-
-``load_sharded(trainer, directory)`` works at any layout: the trainer's own state dict (from
-``get_state_dict``: DTensor shards under FSDP2, plain tensors in one process) says which pieces
-this rank needs, and DCP reads just those from whichever files hold them. So a dp 2 run resumes
-at dp 4, dp 1, or in a single process without any process group.
-
-Tensor parallelism. Our TP shards are plain tensors of different shapes under the same names
-(uneven heads, Q, K and V rows of a rank's heads apart in the full ``qkv``), which DCP would take
-for one replicated tensor. So each sharded entry (the parameter and AdamW's moments) is handed to
-DCP as what it is: a few rectangular pieces of the *full* tensor, each with its offsets there
-(``tp_chunks``: the runs of consecutive indices of ``shard.global_index``, cut again by FSDP2's
-rows under 2D), as a ``Pieces`` tensor: views of this rank's tensors, and the three methods
-through which DCP asks DTensor for its chunks.
-DCP records every piece's offsets in the metadata and, on load, reads for each piece this rank
-needs the overlapping parts of whichever pieces were saved. Saved at dp 2 x tp 2, a checkpoint
-resumes at dp 1 x tp 3 (2, 1, 1 heads), at tp 1, or in one process; nothing is gathered.
+The view (``dcp_view``): the model's and the optimizer's state as ``get_state_dict`` gives them
+(plain tensors in one process, FSDP2's DTensors), with every tensor-parallel entry replaced by
+what it is: a few rectangular pieces of the *full* tensor. Our TP shards are plain tensors of
+different shapes under the same names (uneven heads; the Q, K and V rows of a rank's heads lie
+apart in the full ``qkv``), which DCP would take for one replicated tensor. So each sharded entry
+(a parameter and AdamW's moments) becomes a ``Pieces`` tensor (``tp_chunks``: the runs of
+consecutive indices of ``shard.global_index``, cut again by FSDP2's rows under 2D): views of this
+rank's tensors with their offsets in the full tensor, and the three methods through which DCP
+asks DTensor for its chunks. DCP records every piece's offsets in its metadata and, on load,
+reads for each piece this rank needs the overlapping parts of whichever pieces were saved.
+``fill_from_full`` fills the same view from full tensors (a one-process checkpoint file).
 
 Safety. DCP's own reader unpickles ``.metadata`` with ``pickle.load`` and its default planner
 loads non-tensor values (the optimizer's hyperparameters) with ``torch.load(weights_only=False)``;
@@ -34,45 +22,31 @@ with ``CheckpointError``), and ``SafeLoadPlanner`` loads values with ``weights_o
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 import pickle
-import shutil
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorProperties
 from torch.distributed.checkpoint.planner import ReadItem
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
-from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..config import GPTConfig
-from ..train import Trainer, keep_implementation
-from .dp import keep_lazy_state, on_rank0
-from .shard import ShardMap, global_index, param_spec, rank_units, unit_specs
+from ..parallel.mesh import ParallelDims
+from ..parallel.shard import ShardMap, global_index, param_spec, rank_units, unit_specs
+from .files import CheckpointError
 
 __all__ = [
+    "Pieces",
     "SafeFileSystemReader",
     "SafeLoadPlanner",
-    "load_sharded",
-    "save_sharded",
-    "use_sharded_checkpoints",
-    "SHARDED_NAME",
-    "Pieces",
+    "dcp_view",
+    "fill_from_full",
     "tp_chunks",
 ]
-
-RUN_FILE = "run.pt"
-SHARDED_NAME = "checkpoint"  # what train() writes to its out_dir after use_sharded_checkpoints
-SHARDS = "shards"
 _METADATA_CLASSES = {
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
@@ -151,32 +125,6 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-@contextlib.contextmanager
-def _single_process_is_intended() -> Iterator[None]:
-    """DCP warns whenever it runs without a process group; here that is a choice."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        yield
-
-
-def _group(trainer: Trainer) -> Any:
-    """The ranks that share the trainer's checkpoint: every process of its job (``job_group``:
-    data- and tensor-parallel), else its group, else all."""
-    if not dist.is_initialized():
-        return None
-    job = getattr(trainer, "job_group", None)
-    return job if job is not None else getattr(trainer, "group", None)
-
-
-def _on_rank0(group: Any, write: Any) -> None:
-    """``write()`` on rank 0 of the group (``dp.on_rank0``: a failure raises on every rank); in
-    one process, just ``write()``."""
-    if dist.is_initialized():
-        on_rank0(group if group is not None else dist.group.WORLD, write)
-    else:
-        write()
-
-
 def tp_runs(index: list[int]) -> list[tuple[int, int, int]]:
     """``(start in the shard, start in the full tensor, length)`` of each run of consecutive
     full-tensor indices in ``index`` (a shard's ``global_index``)."""
@@ -198,8 +146,6 @@ def tp_chunks(
     spec = param_spec(name, unit_specs(cfg), shard_map)
     if spec is None:
         return tensor
-    from torch.distributed.tensor import DTensor
-
     local, row0 = tensor, 0
     if isinstance(tensor, DTensor):  # FSDP2: rows [row0, row0 + len) of the TP shard
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -283,21 +229,15 @@ def _is_array(value: Any) -> bool:
     return torch.is_tensor(value) and value.dim() > 0
 
 
-def _tp_layout(trainer: Trainer) -> tuple[ShardMap, int] | None:
-    """(shard map, TP rank) of a tensor-parallel trainer (``TPTrainer``, or ``DPTrainer`` with a
-    ``TPSpec``); None otherwise."""
-    spec = getattr(trainer, "tp", None)
-    shard_map = spec.shard_map if spec is not None else getattr(trainer, "shard_map", None)
-    return None if shard_map is None else (shard_map, trainer.tp_rank)  # type: ignore[attr-defined]
-
-
-def _for_dcp(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any]) -> dict[str, Any]:
-    """What DCP saves or loads: ``{"model": ..., "optim": ...}``, with every TP-sharded tensor
-    as ``tp_chunks`` makes it (views, so a load writes into ``model`` and ``optim``)."""
-    layout = _tp_layout(trainer)
-    if layout is None:
+def dcp_view(
+    dims: ParallelDims, cfg: GPTConfig, model: dict[str, Any], optim: dict[str, Any]
+) -> dict[str, Any]:
+    """What DCP saves or loads: ``{"model": ..., "optim": ...}`` (``get_state_dict``'s two
+    dicts), with every TP-sharded tensor as ``tp_chunks`` makes it (views, so a load writes
+    into ``model`` and ``optim``)."""
+    if dims.tp is None:
         return {"model": model, "optim": optim}
-    cfg, (shard_map, rank) = trainer.model.config, layout
+    shard_map, rank = dims.tp.shard_map, dims.tp_rank
 
     def cut(entries: dict[str, Any], name_of: Any) -> dict[str, Any]:
         out = {}
@@ -313,78 +253,41 @@ def _for_dcp(trainer: Trainer, model: dict[str, Any], optim: dict[str, Any]) -> 
     return {"model": cut(model, lambda k: k), "optim": {**optim, "state": state}}
 
 
-def save_sharded(trainer: Trainer, directory: str | Path) -> Path:
-    """Write ``trainer``'s checkpoint as ``directory`` (module docstring); every rank calls it."""
-    directory, group = Path(directory), _group(trainer)
-    tmp = directory.with_name(directory.name + ".tmp")
-    old = directory.with_name(directory.name + ".old")
-
-    def clear_tmp() -> None:
-        if tmp.exists():
-            shutil.rmtree(tmp)  # a save that died halfway
-
-    _on_rank0(group, clear_tmp)
-    with keep_lazy_state(trainer.optimizer):
-        model, optim = get_state_dict(trainer.model, trainer.optimizer)
-    with _single_process_is_intended():
-        dcp.save(
-            _for_dcp(trainer, model, optim),
-            checkpoint_id=tmp / SHARDS,
-            process_group=group,
-            no_dist=not dist.is_initialized(),
-        )
-    run_state = trainer.run_state()
-
-    def publish() -> None:
-        save_checkpoint(tmp / RUN_FILE, run_state)
-        # the previous checkpoint moves aside first and goes only once the new one is in place
-        if old.exists():
-            shutil.rmtree(old)
-        if directory.exists():
-            os.replace(directory, old)
-        os.replace(tmp, directory)
-        shutil.rmtree(old, ignore_errors=True)
-
-    _on_rank0(group, publish)
-    trainer.last_checkpoint = directory
-    return directory
+def fill_from_full(view: dict[str, Any], full: dict[str, Any], where: str = "") -> None:
+    """Fill ``dcp_view``'s tensors in place from the same entries as full tensors (``full``):
+    each ``Pieces`` piece, DTensor shard or plain tensor (a step count too) gets its region of
+    the full tensor, in place; other values (hyperparameters) are replaced in ``view``. A missing entry, or a full tensor
+    of another shape, raises ``CheckpointError``."""
+    for key, dst in view.items():
+        name = f"{where}{key}"
+        if key not in full:
+            raise CheckpointError(
+                f"The checkpoint has no {name!r}; it was written for another model."
+            )
+        src = full[key]
+        if isinstance(dst, dict):
+            fill_from_full(dst, src, f"{name}.")
+            continue
+        if not torch.is_tensor(dst):
+            view[key] = src
+            continue
+        if tuple(src.shape) != tuple(dst.shape):
+            raise CheckpointError(
+                f"{name}: the checkpoint holds shape {tuple(src.shape)}, this model "
+                f"{tuple(dst.shape)}; it was written for another model."
+            )
+        for offsets, piece in _regions(dst):
+            region = tuple(slice(o, o + n) for o, n in zip(offsets, piece.shape, strict=False))
+            piece.copy_(src[region])
 
 
-def load_sharded(trainer: Trainer, directory: str | Path) -> None:
-    """Restore ``trainer`` from a ``save_sharded`` directory, at this run's layout."""
-    directory = Path(directory)
-    if not (directory / RUN_FILE).is_file() or not (directory / SHARDS).is_dir():
-        raise FileNotFoundError(
-            f"{directory} is not a sharded checkpoint: expected {RUN_FILE} and {SHARDS}/ in it "
-            "(written by tutorial_lib.parallel.dcp.save_sharded)."
-        )
-    run = load_checkpoint(directory / RUN_FILE)
-    trainer.check_compatible(run)
-    reader = SafeFileSystemReader(directory / SHARDS)
-    reader.read_metadata()  # a refused metadata file raises here, before DCP wraps the error
-    with keep_lazy_state(trainer.optimizer):  # (load_run_state clears it again at step 0)
-        model, optim = get_state_dict(trainer.model, trainer.optimizer)  # this rank's pieces
-    with _single_process_is_intended():
-        dcp.load(  # into model and optim (through the views of TP's pieces)
-            _for_dcp(trainer, model, optim),
-            storage_reader=reader,
-            planner=SafeLoadPlanner(),
-            process_group=_group(trainer),
-            no_dist=not dist.is_initialized(),
-        )
-    optim = keep_implementation(optim, trainer.optimizer)
-    set_state_dict(
-        trainer.model,
-        trainer.optimizer,
-        model_state_dict=model,
-        optim_state_dict=optim,
-    )
-    trainer.load_run_state(run)
-    trainer.last_checkpoint = directory
+def _regions(t: torch.Tensor) -> list[tuple[torch.Size, torch.Tensor]]:
+    """(offsets in the full tensor, this rank's tensor there) of each region ``t`` holds."""
+    if isinstance(t, Pieces):
+        return t._pieces
+    if isinstance(t, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-
-def use_sharded_checkpoints(trainer: Trainer) -> None:
-    """Make ``trainer.train()`` write its checkpoints with ``save_sharded``, as the directory
-    ``out_dir/checkpoint`` (``--sharded-checkpoint`` on the command line)."""
-    trainer.checkpoint_name = SHARDED_NAME
-    trainer.write_checkpoint = lambda path: save_sharded(trainer, path)  # type: ignore[method-assign]
+        _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+        return [(torch.Size(offset), t.to_local())]
+    return [(torch.Size([0] * t.dim()), t)]  # a 0-d tensor: the empty region, all of it

@@ -1,10 +1,10 @@
 """What each rank of a data-parallel ``launch.spawn`` group runs (chapter and tests): a few
-steps of ``DPTrainer``, optionally resumed from or saved to a checkpoint, and the memory it holds.
+steps of a ``Trainer`` on a model built for its layout, optionally resumed from or saved to a
+checkpoint, and the memory it holds.
 Importable by name, as ``spawn`` needs; results are small (histories and byte counts)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +16,12 @@ import torch.distributed as dist
 from ..build import build_model
 from ..config import GPTConfig
 from ..data import TokenData
-from ..train import TrainConfig
-from .comm import Group
-from .dcp import load_sharded, save_sharded
-from .dp import DPTrainer, memory_per_rank, on_rank0
-from .mesh import groups_2d
-from .shard import ShardMap
-from .tp_model import TPSpec
+from ..parallel.comm import Group, on_rank0
+from ..parallel.dp import memory_per_rank
+from ..parallel.mesh import ParallelDims, groups_2d, local_rows
+from ..parallel.shard import ShardMap
+from ..parallel.tp_model import TPSpec
+from ..train import TrainConfig, Trainer
 
 __all__ = [
     "DPRun",
@@ -40,8 +39,8 @@ class DPRun:
 
     steps: train until this many steps in total; resume: a checkpoint to start from; save: where
     to write one at the end; measure: after training, one more forward and backward pass (no
-    step), then ``memory_per_rank`` with the gradients in place; sharded: resume from and save
-    to ``parallel.dcp`` directories (every rank writes its shards) instead of one file.
+    step), then ``memory_per_rank`` with the gradients in place. A checkpoint is a file or a
+    DCP directory, as the layout makes it (``checkpoint.run``).
     """
 
     model: GPTConfig
@@ -54,7 +53,6 @@ class DPRun:
     measure: bool = False
     param_dtype: torch.dtype | None = None
     seed: int = 0
-    sharded: bool = False  # resume/save: a parallel.dcp directory instead of one file
     tp: int = 1  # tensor-parallel degree: a (len(ranks) / tp) x tp mesh (parallel.mesh)
     fused: bool = False
     compile: bool = False
@@ -89,56 +87,42 @@ def dp_train(
     tp_group: Group | None = None,
     job_group: Group | None = None,
 ) -> dict[str, Any]:
-    """Build the model (``build_model`` with ``run.seed``: the same weights on every rank; this
-    rank's TP shards when ``run.tp`` > 1, over ``tp_group``), train it under ``DPTrainer`` over
-    ``group`` (default: all ranks; ``job_group``: all the job's ranks) and return the history (and the memory, with
-    ``run.measure``)."""
+    """Build the model for this rank's layout (``build_model`` with ``run.seed``: the same
+    weights on every rank; data parallelism over ``group``, default all ranks; this rank's TP
+    shards over ``tp_group`` when ``run.tp`` > 1; ``job_group``: all the job's ranks), train it
+    and return the history (and the memory, with ``run.measure``)."""
     spec = None
     if run.tp > 1:
         shard_map = ShardMap.even(run.model, run.tp, vocab_parallel=run.vocab_parallel)
         spec = TPSpec(tp_group, shard_map, sequence_parallel=run.sequence_parallel)
     if run.compile:  # a fresh start: earlier runs' graphs would count towards the recompile limit
         torch._dynamo.reset()
+    dp_group = group if group is not None else dist.group.WORLD
+    dims = ParallelDims(dp_group, run.mode, spec, job_group, run.param_dtype)
     model = build_model(
         run.model,
         precision=run.train.precision,
         fused=run.fused,
         compile=run.compile,
-        tp=spec,
+        parallel=dims,
         device="cpu",
         seed=run.seed,
     )
-    trainer = DPTrainer(
-        model,
-        TokenData(*run.data),
-        run.train,
-        run.mode,
-        group=group,
-        device="cpu",
-        param_dtype=run.param_dtype,
-        tp=spec,
-        job_group=job_group,
-    )
+    trainer = Trainer(model, TokenData(*run.data), run.train, device="cpu")
     if run.resume is not None:
-        if run.sharded:
-            load_sharded(trainer, run.resume)
-        else:
-            trainer.resume(run.resume)
+        trainer.resume(run.resume)
     history = trainer.train(run.steps)
     if run.save is not None:
-        if run.sharded:
-            save_sharded(trainer, run.save)
-        else:
-            trainer.save(Path(run.save))
+        trainer.save(Path(run.save))
     memory = None
     if run.measure:
-        x, y = trainer._batch("train")
+        x, y = trainer.batch("train")
         with trainer.policy.autocast(trainer.device):
-            _, loss = trainer._forward(x, y)
+            _, loss = trainer.model(x, y)
         loss.backward()
-        memory = memory_per_rank(trainer)
-    rows = (trainer._rows.start, trainer._rows.stop)  # this rank's share of each global batch
-    return {"history": history, "memory": memory, "rows": rows}
+        memory = memory_per_rank(trainer.model, trainer.optimizer)
+    rows = local_rows(run.train.batch_size, dims.dp, dims.dp_rank)  # this rank's share
+    return {"history": history, "memory": memory, "rows": (rows.start, rows.stop)}
 
 
 def mesh_job(groups: tuple[Group, Group, Group], run: DPRun) -> dict[str, Any]:
@@ -165,10 +149,9 @@ def dp_refusals_worker(rank: int, world_size: int, run: DPRun) -> dict[str, str]
         out["write"] = str(err)
     solo = dist.new_group([0])
     if rank == 0:
-        model = build_model(run.model, precision="fp8", device="cpu", seed=run.seed)
-        fp8 = dataclasses.replace(run.train, precision="fp8")
         try:
-            DPTrainer(model, TokenData(*run.data), fp8, "ddp", group=solo, device="cpu")
+            dims = ParallelDims(solo, "ddp")
+            build_model(run.model, precision="fp8", parallel=dims, device="cpu", seed=run.seed)
         except ValueError as err:
             out["fp8"] = str(err)
     dist.barrier()

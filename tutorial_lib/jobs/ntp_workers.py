@@ -19,10 +19,9 @@ import torch.distributed as dist
 from ..config import GPTConfig
 from ..data import synthetic_batch
 from ..model import GPT
-from .ntp import local_batch, plan_ntp, token_weights
-from .ntp_grads import NTPRank, build_ntp_groups, ntp_allreduce_grads, sharded_parameters
-from .tp_checkpoint import gather_full_state_dict
-from .tp_model import parallelize
+from ..parallel.ntp import local_batch, plan_ntp, token_weights
+from ..parallel.ntp_grads import NTPRank, build_ntp_groups, ntp_allreduce_grads, sharded_parameters
+from ..parallel.tp_model import gather_full_state_dict, parallelize
 
 __all__ = ["global_batch", "replica_slices", "train_reference", "ntp_train_worker"]
 

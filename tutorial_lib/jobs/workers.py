@@ -16,18 +16,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..build import build_model
 from ..config import GPTConfig
 from ..data import TokenData
 from ..fp8 import DelayedScaling, FP8Linear, autocast, convert_to_fp8
 from ..model import GPT
-from ..train import TrainConfig
-from . import comm
-from .comm import Group, group_rank, group_size
-from .launch import TPTrainer
-from .shard import ShardMap, UnitSpec, global_index
-from .tp_checkpoint import gather_full
-from .tp_linear import ColumnParallelLinear, RowParallelLinear
-from .tp_model import parallelize
+from ..parallel import comm
+from ..parallel.comm import Group, group_rank, group_size
+from ..parallel.mesh import ParallelDims
+from ..parallel.shard import ShardMap, UnitSpec, global_index
+from ..parallel.tp_linear import ColumnParallelLinear, RowParallelLinear
+from ..parallel.tp_model import TPSpec, gather_full, gather_full_state_dict, parallelize
+from ..train import TrainConfig, Trainer
 
 __all__ = [
     "run_jobs",
@@ -53,7 +53,7 @@ def run_jobs(rank: int, world_size: int, jobs: Sequence[WorkerJob]) -> list[Any]
     ``dist.new_group`` requires; jobs on disjoint ranks then run side by side. A job whose
     ``fn`` has a ``mesh_tp`` attribute (``dp_workers.mesh_job``) gets the (data-parallel,
     tensor-parallel, whole-job) groups of a mesh on its ranks instead (``mesh.groups_2d``)."""
-    from .mesh import groups_2d
+    from ..parallel.mesh import groups_2d
 
     groups: list[Any] = []
     for ranks, fn, args in jobs:
@@ -145,8 +145,8 @@ def vocab_and_region_check(group: Group, n_tokens: int, vocab: int) -> dict[str,
     """The vocabulary-parallel loss and embedding on this rank's rows of the same float64
     logits, weight and ids on every rank (uneven splits: ``split_evenly``), and the two
     operators that open and close the sequence-parallel region: outputs and input gradients."""
-    from .shard import split_evenly
-    from .vocab import vocab_parallel_cross_entropy, vocab_parallel_embedding
+    from ..parallel.shard import split_evenly
+    from ..parallel.vocab import vocab_parallel_cross_entropy, vocab_parallel_embedding
 
     r, n = group_rank(group), dist.get_world_size(group)
     rows = split_evenly(vocab, n)[r]
@@ -263,25 +263,19 @@ def tp_train_steps(
     train_cfg: TrainConfig,
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
-    """``train_cfg.steps`` steps of ``TPTrainer`` from ``state_dict`` on ``TokenData(*data)``,
-    with parameters in ``dtype``: the history and the gathered full state dict at the end."""
+    """``train_cfg.steps`` steps of a tensor-parallel ``Trainer`` from ``state_dict`` on
+    ``TokenData(*data)``, with parameters in ``dtype``: the history and the gathered full state
+    dict at the end."""
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # the model and the TP layers parallelize builds
     try:
-        model = GPT(cfg)
-        model.load_state_dict(state_dict)
-        trainer = TPTrainer(
-            parallelize(model, group, shard_map),
-            TokenData(*data),
-            train_cfg,
-            group,
-            shard_map,
-            device="cpu",
-        )
+        dims = ParallelDims(tp=TPSpec(group, shard_map))
+        model = build_model(cfg, weights=state_dict, parallel=dims, device="cpu")
+        trainer = Trainer(model, TokenData(*data), train_cfg, device="cpu")
         history = trainer.train()
     finally:
         torch.set_default_dtype(default)
-    return {"history": history, "state_dict": trainer.state_dict()["model"]}
+    return {"history": history, "state_dict": gather_full_state_dict(model, group, shard_map)}
 
 
 def tp_trace_step(
@@ -291,17 +285,14 @@ def tp_trace_step(
     train_cfg: TrainConfig,
     path: str,
 ) -> dict[str, Any] | None:
-    """One ``TPTrainer`` step (after one warm-up step) traced on TP rank 0 (``perf.record_trace``
+    """One tensor-parallel ``Trainer`` step (after one warm-up step) traced on TP rank 0 (``perf.record_trace``
     to ``path``); the other ranks run the same steps untraced. Rank 0 returns the
     ``trace_summary`` of its trace, the others None."""
     from ..perf import load_trace, record_trace, trace_summary
 
-    shard_map = ShardMap.even(cfg, group_size(group))
-    torch.manual_seed(0)
-    trainer = TPTrainer(
-        parallelize(GPT(cfg), group, shard_map), TokenData(*data), train_cfg, group, shard_map,
-        device="cpu",
-    )  # fmt: skip
+    dims = ParallelDims(tp=TPSpec(group, ShardMap.even(cfg, group_size(group))))
+    model = build_model(cfg, parallel=dims, device="cpu", seed=0)
+    trainer = Trainer(model, TokenData(*data), train_cfg, device="cpu")
     if group_rank(group) != 0:
         trainer.train_step()
         trainer.train_step()

@@ -103,7 +103,7 @@ def convert_checkpoint_file(src: str | Path, dst: str | Path, to: str) -> Path:
     """A Trainer checkpoint moved between the ``fp8`` and ``te-fp8`` layouts
     (``fp8.te_checkpoint.convert_checkpoint``), from file ``src`` to a new file ``dst`` (written
     atomically; never over ``src``, so the original is kept). Returns ``dst``'s path."""
-    from .fp8.te_checkpoint import convert_checkpoint
+    from ..fp8.te_checkpoint import convert_checkpoint
 
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
@@ -118,7 +118,7 @@ def model_state_dict(model: torch.nn.Module) -> dict[str, Any]:
     state = model.state_dict()
     if not any(key.endswith("_extra_state") for key in state):
         return state
-    from .fp8.te_state import te_extra_state, te_extra_state_modules
+    from ..fp8.te_state import te_extra_state, te_extra_state_modules
 
     for key, module in te_extra_state_modules(model).items():
         if key in state:
@@ -141,8 +141,8 @@ def load_model_state_dict(model: torch.nn.Module, state: dict[str, Any]) -> None
     if not any(key.endswith("_extra_state") for key in state):
         model.load_state_dict(state)
         return
-    from .fp8.te_pickle import stateless_te_pickle
-    from .fp8.te_state import (
+    from ..fp8.te_pickle import stateless_te_pickle
+    from ..fp8.te_state import (
         TE_UNSAFE_PICKLE_ENV,
         check_te_extra_state,
         load_te_extra_state,

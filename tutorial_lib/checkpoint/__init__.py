@@ -1,0 +1,31 @@
+"""Checkpoints, in one place: ``run`` is the design (a file when one process holds the whole
+state, a DCP directory when it is sharded, and one loader for both at any layout); ``files``
+writes files atomically and opens them without running code from them; ``dcp`` is what a sharded
+checkpoint needs from ``torch.distributed.checkpoint`` (a safe reader, and each rank's state as
+pieces of the full tensors). ``convert_checkpoint_file`` moves a run between ``fp8`` and
+``te-fp8``: a tool beside the design.
+"""
+
+from .files import (
+    CheckpointError,
+    convert_checkpoint_file,
+    load_checkpoint,
+    load_model_state_dict,
+    model_state_dict,
+    save_checkpoint,
+)
+from .run import checkpoint_name, file_state, keep_implementation, load_run, save_run
+
+__all__ = [
+    "CheckpointError",
+    "checkpoint_name",
+    "convert_checkpoint_file",
+    "file_state",
+    "keep_implementation",
+    "load_checkpoint",
+    "load_model_state_dict",
+    "load_run",
+    "model_state_dict",
+    "save_checkpoint",
+    "save_run",
+]
