@@ -1,8 +1,8 @@
 """The package's layering: no import cycles, and the measuring tools sit below the trainer.
 
 Reads every module of ``tutorial_lib`` with ``ast`` and builds the graph of its imports between
-the package's own modules, top-level and deferred (inside functions) alike: a deferred import
-hides a cycle from Python's import machinery, not from the design.
+the package's own modules, top-level, deferred (inside functions) and ``TYPE_CHECKING`` alike: a
+deferred or typing-only import hides a cycle from Python's import machinery, not from the design.
 """
 
 from __future__ import annotations
@@ -38,16 +38,7 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
         tree = ast.parse(path.read_text())
-        typing_only = {  # imports under "if TYPE_CHECKING:" run only for the type checker
-            id(n)
-            for block in ast.walk(tree)
-            if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
-            for stmt in block.body
-            for n in ast.walk(stmt)
-        }
         for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
             found: list[str] = []
             if isinstance(node, ast.ImportFrom):
                 if node.level == 0 and node.module and node.module.startswith("tutorial_lib"):
@@ -122,6 +113,41 @@ def test_the_graph_sees_deferred_imports() -> None:
     graph = import_graph()
     assert "tutorial_lib.model" in graph["tutorial_lib.layers"]  # deferred, inside a method
     assert "tutorial_lib.perf" in graph["tutorial_lib.train"]
+
+
+def test_the_graph_sees_typing_only_imports() -> None:
+    graph = import_graph()  # fp8.linear imports delayed_linear's names for annotations only
+    assert "tutorial_lib.fp8.linear" in graph["tutorial_lib.fp8.delayed_linear"]
+
+
+# Module cycles still to break (issue 33): each is a pair or a group of modules that should be
+# one module, or one of which should not know the other. A new cycle fails this test, and so
+# does breaking one of these without taking it off the list.
+KNOWN_MODULE_CYCLES = [
+    ["tutorial_lib.layers", "tutorial_lib.model"],
+    ["tutorial_lib.fp8.delayed_linear", "tutorial_lib.fp8.linear"],
+    ["tutorial_lib.parallel.tp_fp8", "tutorial_lib.parallel.tp_linear"],
+    [
+        "tutorial_lib.cluster.cost_terms",
+        "tutorial_lib.cluster.gemm_model",
+        "tutorial_lib.cluster.validation",
+        "tutorial_lib.cluster.validation_hopper",
+    ],
+    ["tutorial_lib.cluster.plan_options", "tutorial_lib.cluster.replica_cost"],
+]
+
+
+def test_module_cycles_are_only_the_known_ones() -> None:
+    assert sorted(_cycles(import_graph())) == sorted(KNOWN_MODULE_CYCLES)
+
+
+def test_parallel_imports_neither_build_nor_train() -> None:
+    """``parallel/`` holds transforms over modules and collectives; the pipeline (``build``) and
+    the loop (``train``) use them, never the other way round."""
+    graph = import_graph()
+    for module, targets in graph.items():
+        if module.startswith("tutorial_lib.parallel"):
+            assert not targets & {"tutorial_lib.build", "tutorial_lib.train"}, module
 
 
 def test_cycle_finder_finds_a_cycle() -> None:
