@@ -34,7 +34,7 @@ CORE = {
     "06": ["tutorial_lib.fp8.recipe_linear:RecipeLinearFunction", "tutorial_lib.fp8.recipes:NVFP4"],
     "07": ["tutorial_lib.kernels.bias_gelu:_bias_gelu_fwd_kernel"],
     "08": ["tutorial_lib.bench.ladder:ladder_rungs"],
-    "09": ["tutorial_lib.parallel.dp:local_rows", "tutorial_lib.parallel.dp:shard_with_fsdp"],
+    "09": ["tutorial_lib.parallel.mesh:local_rows", "tutorial_lib.parallel.dp:shard_with_fsdp"],
     "10": [
         "tutorial_lib.parallel.tp_linear:ColumnParallelLinear",
         "tutorial_lib.parallel.tp_linear:RowParallel",
