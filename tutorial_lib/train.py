@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .build import ModelRecipe, build_model, recipe_of
-from .checkpoint import checkpoint_name, file_state, load_run, save_run
+from .checkpoint import CHECKPOINT_FORMAT, checkpoint_name, file_state, load_run, save_run
 from .config import GPTConfig, get_preset
 from .data import TokenData, make_data, preset_data
 from .hardware import describe_device
@@ -333,7 +333,7 @@ class Trainer:
         """Everything a checkpoint holds except the model and the optimizer state: step,
         configs, loss scaler, schedule, RNG, sampler and history."""
         return {
-            "format": "tutorial_lib.checkpoint/1",
+            "format": CHECKPOINT_FORMAT,
             "step": self.step,
             "model_config": dataclasses.asdict(self.model.config),
             "train_config": dataclasses.asdict(self.cfg),
@@ -347,7 +347,7 @@ class Trainer:
 
     def check_compatible(self, state: dict[str, Any]) -> None:
         """A ValueError unless ``state`` is a checkpoint of this model in this precision."""
-        if state.get("format") != "tutorial_lib.checkpoint/1":
+        if state.get("format") != CHECKPOINT_FORMAT:
             raise ValueError("Not a tutorial_lib checkpoint (missing or unknown 'format').")
         if state["model_config"] != dataclasses.asdict(self.model.config):
             raise ValueError(

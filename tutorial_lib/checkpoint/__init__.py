@@ -14,9 +14,17 @@ from .files import (
     model_state_dict,
     save_checkpoint,
 )
-from .run import checkpoint_name, file_state, keep_implementation, load_run, save_run
+from .run import (
+    CHECKPOINT_FORMAT,
+    checkpoint_name,
+    file_state,
+    keep_implementation,
+    load_run,
+    save_run,
+)
 
 __all__ = [
+    "CHECKPOINT_FORMAT",
     "CheckpointError",
     "checkpoint_name",
     "convert_checkpoint_file",

@@ -49,9 +49,16 @@ from ..parallel.mesh import ParallelDims, parallel_of
 from .dcp import SafeFileSystemReader, SafeLoadPlanner, dcp_view, fill_from_full
 from .files import load_checkpoint, load_model_state_dict, model_state_dict, save_checkpoint
 
-__all__ = ["checkpoint_name", "file_state", "keep_implementation", "load_run", "save_run"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "checkpoint_name",
+    "file_state",
+    "keep_implementation",
+    "load_run",
+    "save_run",
+]
 
-FORMAT = "tutorial_lib.checkpoint/1"
+CHECKPOINT_FORMAT = "tutorial_lib.checkpoint/1"  # what run_state writes and resume checks
 RUN_FILE = "run.pt"  # a DCP checkpoint's run state
 SHARDS = "shards"  # a DCP checkpoint's pieces
 
