@@ -173,7 +173,8 @@ def test_run_training_refuses_a_vocabulary_no_tokenizer_fits(
 ) -> None:
     from tutorial_lib import config
     from tutorial_lib.config import GPTConfig
-    from tutorial_lib.train import TrainConfig, run_training
+    from tutorial_lib.runs import run_training
+    from tutorial_lib.train import TrainConfig
 
     original = PRESETS["ci"]
     bpe_preset = dataclasses.replace(original, tokenizer="bpe", bpe_vocab=2000)

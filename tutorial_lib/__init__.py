@@ -32,7 +32,8 @@ from .hardware import SPECS, DeviceInfo, DeviceSpec, describe_device
 from .model import GPT
 from .notebook import ChapterSetup, setup_chapter
 from .precision import PrecisionPolicy, available_policies, get_policy
-from .train import TrainConfig, Trainer, run_training
+from .runs import run_training
+from .train import TrainConfig, Trainer
 
 __version__ = "0.1.0"
 

@@ -279,7 +279,7 @@ def _train(args: argparse.Namespace) -> int:
             f"--dp (all {world} processes then train together) or start one process."
         )
     if args.dp * args.tp > 1:  # one process per (data-parallel, tensor-parallel) rank
-        from .train import parallel_trainer
+        from .runs import parallel_trainer
 
         trainer: Trainer = parallel_trainer(
             model_cfg,

@@ -13,7 +13,8 @@ from ..config import GPTConfig
 from ..fp8.compare import COMPARED_RECIPES
 from ..fp8.policy import runnable_fp8_precision
 from ..fp8.recipes import RECIPE_PRECISIONS
-from ..train import TrainConfig, run_training
+from ..runs import run_training
+from ..train import TrainConfig
 
 __all__ = ["recipe_runs", "loss_curves"]
 
@@ -29,7 +30,7 @@ def recipe_runs(
     **train_options: Any,
 ) -> dict[str, Any]:
     """``baseline`` and each recipe's precision (``RECIPE_PRECISIONS``) trained for ``steps``
-    from the same initial weights (``seed``) on the same batches (``train.run_training``); the
+    from the same initial weights (``seed``) on the same batches (``runs.run_training``); the
     ``Trainer`` of each, by precision name. ``train_options`` go to ``TrainConfig``;
     ``progress`` is called with each run's name before it starts. On a GPU, a recipe it cannot
     run natively runs emulated (``policy.runnable_fp8_precision``): same numerics, not the

@@ -53,7 +53,6 @@ from .tp_model import (
     gather_full_state_dict,
     parallelize,
     shard_state_dict,
-    tp_clip_grad_norm_,
 )
 
 __all__ += [
@@ -73,7 +72,6 @@ __all__ += [
     "shard_state_dict",
     "gather_full",
     "gather_full_state_dict",
-    "tp_clip_grad_norm_",
     "spawn",
     "SpawnError",
     "init_from_env",

@@ -17,6 +17,7 @@ the gradient norm is taken (``clip_grad_norm_``), and which rank writes files.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,8 @@ import torch.distributed as dist
 
 from ..config import GPTConfig
 from .comm import Group, group_rank, group_size
-from .tp_model import TPSpec, tp_clip_grad_norm_
+from .shard import param_spec, unit_specs
+from .tp_model import TPSpec
 
 __all__ = [
     "DP_MODES",
@@ -140,17 +142,44 @@ def local_rows(global_batch: int, dp: int, rank: int) -> slice:
     return slice(rank * local, (rank + 1) * local)
 
 
+@torch.no_grad()
 def clip_grad_norm_(model: torch.nn.Module, max_norm: float, dims: ParallelDims) -> torch.Tensor:
     """Clip the gradients to ``max_norm``; return the norm of the *full* gradient before
-    clipping, the same on every rank: over every TP rank's shards (``tp_clip_grad_norm_``) and,
-    under FSDP2, every data-parallel rank's rows (its gradients are DTensors)."""
-    if dims.tp is not None:
-        fsdp = dims.dp_group if dims.fsdp else None
-        return tp_clip_grad_norm_(model, max_norm, dims.tp.group, fsdp_group=fsdp)  # type: ignore[arg-type]
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    clipping, the same on every rank, so every rank clips by the same factor.
+
+    Without TP, torch's ``clip_grad_norm_`` (under FSDP2 its DTensor gradients make it a
+    collective over the data-parallel ranks). Under TP: each rank's sum of squares of its
+    TP-sharded gradients is all-reduced over the TP group, and the replicated ones are counted
+    once; under FSDP2 as well, both sums are first all-reduced over the data-parallel ranks,
+    each of which squared only its rows (a DTensor's local shard).
+    """
     from torch.distributed.tensor import DTensor
 
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    if dims.tp is None:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    local = [
+        (n, p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad)  # a view: writes it
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    ]
+    specs = unit_specs(model.config)  # type: ignore[arg-type]
+    # at least float32 (bf16/fp16 grads), float64 for float64 grads, as clip_grad_norm_ does
+    dtype = functools.reduce(torch.promote_types, (g.dtype for _, g in local), torch.float32)
+    sq = torch.zeros(2, device=local[0][1].device, dtype=dtype)  # [TP-sharded, replicated]
+    for name, g in local:
+        spec = param_spec(name, specs, dims.tp.shard_map)
+        sq[int(spec is None)] += torch.linalg.vector_norm(g.to(dtype)) ** 2
+    if dims.fsdp:
+        dist.all_reduce(sq, group=dims.dp_group)
+    sq_sharded, sq_replicated = sq[0].clone(), sq[1]
+    if dims.tp_degree > 1:
+        dist.all_reduce(sq_sharded, group=dims.tp.group)
+    total = (sq_sharded + sq_replicated).sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for _, g in local:
+        g.mul_(coef.to(g.dtype))
+    return total
 
 
 def check_layout(dp: int, tp: int, world: int, cfg: GPTConfig | None = None) -> None:

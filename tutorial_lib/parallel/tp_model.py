@@ -26,8 +26,7 @@ tensors, and a run resumes at any TP degree).
 
 This module holds the model transform: the ``TPLayers`` factory (with its sequence-parallel
 LayerNorm and its Triton variant, ``tp_layers``), ``TPGPT``, ``parallelize`` and ``TPSpec``,
-``shard_state_dict`` and ``gather_full``, and ``tp_clip_grad_norm_`` (the norm of the full
-gradient over every rank's shards). The f and g operators are ``comm``'s, the column- and
+and ``shard_state_dict`` and ``gather_full``. The f and g operators are ``comm``'s, the column- and
 row-parallel layers ``tp_linear``'s.
 """
 
@@ -63,7 +62,6 @@ __all__ = [
     "gather_full_state_dict",
     "parallelize",
     "tp_layers",
-    "tp_clip_grad_norm_",
 ]
 
 COLUMN_ROLES = ("attn.qkv", "mlp.fc")  # output features split: weight rows, bias
@@ -380,42 +378,3 @@ class TPSpec:
         """This rank's tensor-parallel copy of the full ``model`` (``parallelize``)."""
         sp = self.sequence_parallel
         return parallelize(model, self.group, self.shard_map, self.rank, fused, sp)
-
-
-@torch.no_grad()
-def tp_clip_grad_norm_(
-    tp_model: GPT, max_norm: float, group: Group, fsdp_group: Group | None = None
-) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` for a tensor-parallel model: the norm of the *full*
-    gradient, the same on every rank (so every rank clips by the same factor).
-
-    Sharded gradients: sum of squares all-reduced over the group. Replicated ones: counted once.
-    ``fsdp_group``: the data-parallel ranks over which FSDP2 shards every gradient (a DTensor
-    whose local shard each rank squares); their sums are all-reduced over it first.
-    """
-    specs = unit_specs(tp_model.config)
-    grads = [(n, _local(p.grad)) for n, p in tp_model.named_parameters() if p.grad is not None]
-    device = tp_model.tok_emb.weight.device
-    # at least float32 (bf16/fp16 grads), float64 for float64 grads, as clip_grad_norm_ does
-    dtype = functools.reduce(torch.promote_types, (g.dtype for _, g in grads), torch.float32)
-    sq = torch.zeros(2, device=device, dtype=dtype)  # [sharded over TP, replicated over TP]
-    for name, g in grads:
-        spec = param_spec(name, specs, getattr(tp_model, "shard_map", None))
-        sq[int(spec is None)] += torch.linalg.vector_norm(g.to(dtype)) ** 2
-    if fsdp_group is not None and group_size(fsdp_group) > 1:
-        dist.all_reduce(sq, group=fsdp_group)
-    sq_sharded, sq_replicated = sq[0].clone(), sq[1]
-    if group_size(group) > 1:
-        dist.all_reduce(sq_sharded, group=group)
-    total = (sq_sharded + sq_replicated).sqrt()
-    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for _, g in grads:
-        g.mul_(coef.to(g.dtype))
-    return total
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (FSDP2's gradients; a view: writing it writes the DTensor)."""
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
