@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,16 @@ def test_local_extensions_are_configured(config: dict[str, Any]) -> None:
         assert (BOOK / "_ext" / f"{name}.py").is_file()
     # Without a default the theme logs "Got invalid theme mode" on a reader's first visit.
     assert config["sphinx"]["config"]["html_context"]["default_mode"] in ("light", "dark", "auto")
+
+
+MAX_CELL_LINES = 30  # a reader can take in a cell at a glance; longer ones split where they pause
+
+
+def test_no_code_cell_is_longer_than_a_glance() -> None:
+    long = []
+    for path in sorted((BOOK / "chapters").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            lines = "".join(cell["source"]).strip("\n").count("\n") + 1
+            if cell["cell_type"] == "code" and lines > MAX_CELL_LINES:
+                long.append(f"{path.name} cell {i}: {lines} lines")
+    assert long == [], f"split these at a pause, {MAX_CELL_LINES} lines at most: {long}"
