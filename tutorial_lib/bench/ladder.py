@@ -50,6 +50,8 @@ __all__ = [
     "ladder_rungs",
     "rung_changes",
     "format_graph_breaks",
+    "LadderRun",
+    "ladder_run",
     "run_rung",
     "run_ladder",
     "ladder_table",
@@ -117,25 +119,57 @@ def _median(values: Sequence[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def run_rung(
-    rung: Rung,
+@dataclass(frozen=True)
+class LadderRun:
+    """What every rung shares: the preset, device and data (rewound to ``start`` before each
+    rung, so every rung sees the same batches), and the comparison size: ``steps`` steps of
+    ``batch`` sequences at learning rate ``lr``, the first ``warmup`` left out of the timing.
+    ``count_breaks``: see ``run_rung``."""
+
+    preset: RunPreset
+    device: torch.device
+    data: TokenData
+    start: dict[str, torch.Tensor]
+    steps: int
+    batch: int
+    warmup: int
+    lr: float
+    seed: int = 0
+    count_breaks: bool = True
+
+
+def ladder_run(
     preset: RunPreset,
-    data: TokenData,
-    steps: int,
-    batch: int,
-    warmup: int,
-    device: torch.device,
+    device: torch.device | str | None = None,
+    steps: int | None = None,
+    batch: int | None = None,
+    data: TokenData | None = None,
     seed: int = 0,
-    start: dict[str, torch.Tensor] | None = None,
     lr: float | None = None,
     count_breaks: bool = True,
-) -> dict[str, Any]:
-    """Train one rung for ``steps`` steps; its row (or the reason it was skipped).
+) -> LadderRun:
+    """The ladder's settings at ``preset``: ``steps`` defaults to the preset's ``ladder_steps``,
+    ``batch`` to ``parity_batch_size``, ``lr`` to ``min(preset.lr, LADDER_MAX_LR)``; the first
+    ``bench_warmup`` steps (at least 1, which holds any compilation) are left out of the
+    timing; ``data`` to the preset's (``preset_data``)."""
+    dev = torch.device(device) if device is not None else default_device()
+    steps = steps or preset.ladder_steps
+    warmup = min(max(1, preset.bench_warmup), steps - 1) if steps > 1 else 0
+    cfg = preset.model_config()
+    data = data or preset_data(preset, seed=seed, block_size=cfg.block_size)
+    batch = batch or preset.parity_batch_size
+    lr = lr or min(preset.lr, LADDER_MAX_LR)
+    start = data.state_dict()
+    return LadderRun(preset, dev, data, start, steps, batch, warmup, lr, seed, count_breaks)
 
-    ``start`` is a ``data.state_dict()`` to rewind the sampler to first; ``lr`` defaults to the
-    preset's. ``count_breaks=False`` keeps what Dynamo has compiled already (no reset, no graph
-    break count): a rung then reuses an earlier compilation of the same model code."""
 
+def run_rung(rung: Rung, run: LadderRun) -> dict[str, Any]:
+    """Train one rung for ``run.steps`` steps; its row (or the reason it was skipped).
+
+    The sampler is rewound to ``run.start`` first. ``run.count_breaks=False`` keeps what Dynamo
+    has compiled already (no reset, no graph break count): a rung then reuses an earlier
+    compilation of the same model code."""
+    preset, data, device, steps, batch = run.preset, run.data, run.device, run.steps, run.batch
     row: dict[str, Any] = {
         "rung": rung.name,
         "precision": rung.precision,
@@ -150,14 +184,13 @@ def run_rung(
         preset,
         steps=steps,
         batch_size=batch,
-        lr=lr,
+        lr=run.lr,
         eval_every=0,
         precision=rung.precision,
-        seed=seed,
+        seed=run.seed,
         progress=False,
     )
-    if start is not None:
-        data.load_state_dict(start)  # every rung sees the same batches
+    data.load_state_dict(run.start)  # every rung sees the same batches
     if device.type == "cuda":
         torch.cuda.empty_cache()
     try:
@@ -167,13 +200,13 @@ def run_rung(
             fused=rung.fused,
             compile=rung.compile,
             device=device,
-            seed=seed,
+            seed=run.seed,
         )
         trainer = Trainer(model, data, cfg, device=device)
     except ValueError as exc:  # e.g. FP8 shapes not multiples of 16
         return {**row, "skipped": str(exc)}
-    history, breaks = _train(trainer, rung.compile and count_breaks)
-    timed = [r for r in history if int(r["step"]) >= warmup] or history  # type: ignore[arg-type]
+    history, breaks = _train(trainer, rung.compile and run.count_breaks)
+    timed = [r for r in history if int(r["step"]) >= run.warmup] or history  # type: ignore[arg-type]
     step_s = _median([float(r["step_time_s"]) for r in timed])  # type: ignore[arg-type]
     mfus = [r["mfu"] for r in timed if r["mfu"] is not None]
     tokens = batch * data.block_size
@@ -283,30 +316,16 @@ def run_ladder(
     lr: float | None = None,
     count_breaks: bool = True,
 ) -> list[dict[str, Any]]:
-    """Run every rung (default ``ladder_rungs()``) at the preset's comparison size.
-
-    ``steps`` defaults to the preset's ``ladder_steps``, ``batch`` to ``parity_batch_size`` and
-    ``lr`` to ``min(preset.lr, LADDER_MAX_LR)``;
-    the first ``bench_warmup`` steps (at least 1, which holds any compilation) are left out of
-    the timing. Rows are in rung order; skipped rungs carry ``skipped`` with the reason.
-    ``count_breaks``: see ``run_rung``.
-    """
-    dev = torch.device(device) if device is not None else default_device()
+    """Run every rung (default ``ladder_rungs()``) at the preset's comparison size
+    (``ladder_run``'s settings); rows in rung order, skipped rungs carrying ``skipped`` with the
+    reason."""
+    run = ladder_run(preset, device, steps, batch, data, seed, lr, count_breaks)
     rungs = list(rungs) if rungs is not None else ladder_rungs()
-    steps = steps or preset.ladder_steps
-    batch = batch or preset.parity_batch_size
-    lr = lr or min(preset.lr, LADDER_MAX_LR)
-    warmup = min(max(1, preset.bench_warmup), steps - 1) if steps > 1 else 0
-    cfg = preset.model_config()
-    data = data or preset_data(preset, seed=seed, block_size=cfg.block_size)
-    start = data.state_dict()
-    rows = []
     bar = tqdm(rungs, desc="ladder", unit="rung", disable=not progress, dynamic_ncols=True)
+    rows = []
     for rung in bar:
         bar.set_postfix_str(rung.name)
-        rows.append(
-            run_rung(rung, preset, data, steps, batch, warmup, dev, seed, start, lr, count_breaks)
-        )
+        rows.append(run_rung(rung, run))
     bar.close()
     return rows
 
