@@ -16,7 +16,7 @@
 
 (c) ``fp8_recipe_gemm``: for each hidden size h, the same GEMM quantized by the per-tensor
     (current), row-wise and block recipes (``fp8.recipes``; x (tokens, h) and w (4h, h) quantized
-    outside the timing), run through ``recipe_linear.quantized_matmul`` the way ``FP8Linear``
+    outside the timing), run through ``linear_function.quantized_matmul`` the way ``FP8Linear``
     runs it on this device: natively where ``check_recipe_device`` says so (``torch._scaled_mm``;
     the block recipe through torch's blockwise kernel on sm_90, ``fp8.tiled_gemm``), else the
     emulation. A native row also runs the emulation on the same operands and records
@@ -50,7 +50,7 @@ from tutorial_lib.bench import (
 from tutorial_lib.config import RunPreset, get_preset
 from tutorial_lib.fp8.formats import E4M3, quantize
 from tutorial_lib.fp8.gemm import scaled_gemm
-from tutorial_lib.fp8.recipe_linear import quantized_matmul
+from tutorial_lib.fp8.linear_function import quantized_matmul
 from tutorial_lib.fp8.recipes import check_recipe_device, make_recipe
 from tutorial_lib.hardware import default_device, describe_device, fp8_gemm_status
 from tutorial_lib.perf import BenchResult, benchmark, l2_cache_bytes, make_rotating_inputs

@@ -73,7 +73,6 @@ def stand_in_hopper(calls: list[GemmCall]) -> Iterator[None]:
     """Where the package asks which device it is on, answer "an sm_90 GPU"; record the FP8
     GEMM calls instead of running them."""
     import tutorial_lib.fp8.gemm as gemm
-    import tutorial_lib.fp8.linear as linear
     import tutorial_lib.fp8.policy as policy
     import tutorial_lib.fp8.recipes as recipes
     import tutorial_lib.precision as precision
@@ -110,7 +109,7 @@ def stand_in_hopper(calls: list[GemmCall]) -> Iterator[None]:
         return torch.empty(a["mat_a"].shape[0], a["mat_b"].shape[1], dtype=a["out_dtype"])
 
     with contextlib.ExitStack() as stack:
-        for module in (linear, policy, recipes, precision):
+        for module in (policy, recipes, precision):
             stack.enter_context(mock.patch.object(module, "cuda_capability", gpu))
         stack.enter_context(mock.patch.object(recipes, "_torch_cuda", lambda: CUDA))
         # the "-emulated" policies registered for Hopper stay out of the other tests' registry

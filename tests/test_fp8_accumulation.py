@@ -21,11 +21,10 @@ from tutorial_lib.fp8 import (
     FP8Linear,
     MMParams,
     autocast,
-    delayed_linear,
     emulated_gemm,
     gemm,
+    linear_function,
     quantize,
-    recipe_linear,
     scaled_gemm,
 )
 from tutorial_lib.fp8.recipes import Recipe
@@ -56,7 +55,7 @@ def _spy_gemms(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], b
         seen.append((tuple(out.shape), bound.arguments["use_fast_accum"]))
         return out
 
-    monkeypatch.setattr(delayed_linear, "scaled_gemm", spy)
+    monkeypatch.setattr(linear_function, "scaled_gemm", spy)
     return seen
 
 
@@ -179,7 +178,7 @@ def test_stateless_recipes_pass_their_accumulation_to_each_gemm(
     """Forward, dgrad and wgrad of a recipe layer reach ``quantized_matmul`` with the recipe's
     ``use_fast_accum``, in that order (the CUDA path hands it to ``torch._scaled_mm``)."""
     seen: list[tuple[tuple[int, ...], bool]] = []
-    real = recipe_linear.quantized_matmul
+    real = linear_function.quantized_matmul
 
     def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
         out = real(*args, **kwargs)
@@ -187,7 +186,7 @@ def test_stateless_recipes_pass_their_accumulation_to_each_gemm(
         seen.append((tuple(out.shape), fast))
         return out
 
-    monkeypatch.setattr(recipe_linear, "quantized_matmul", spy)
+    monkeypatch.setattr(linear_function, "quantized_matmul", spy)
     layer = FP8Linear(48, 32, amax_history_len=4)
     x = torch.randn(16, 48, requires_grad=True)
     with autocast(recipe=recipe):

@@ -15,13 +15,13 @@ from tutorial_lib.fp8 import (
     Format,
     FP8Linear,
     autocast,
+    check_recipe_device,
     convert_to_fp8,
     dequantize,
     emulated_gemm,
     quantize,
     scaled_gemm,
 )
-from tutorial_lib.fp8.autocast import FP8AutocastState
 
 RECIPE = DelayedScaling(amax_history_len=4)
 
@@ -136,15 +136,13 @@ def test_cuda_without_fp8_refuses_unless_emulation_is_asked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _fake_gpu(monkeypatch, (8, 0))
-    cuda, layer = torch.device("cuda", 0), FP8Linear(16, 16)
-    state = FP8AutocastState(True, False, RECIPE)
+    cuda = torch.device("cuda", 0)
     with pytest.raises(RuntimeError, match=r"sm_80.*emulate=True"):
-        layer._resolve_emulate(cuda, state)
-    assert layer._resolve_emulate(cuda, FP8AutocastState(True, False, RECIPE, emulate=True))
-    assert FP8Linear(16, 16, emulate=True)._resolve_emulate(cuda, state)
+        check_recipe_device(RECIPE, cuda, None)
+    assert check_recipe_device(RECIPE, cuda, True)  # asked for: the emulation
     _fake_gpu(monkeypatch, (9, 0))
-    assert layer._resolve_emulate(cuda, state) is False  # Hopper: real FP8 GEMMs
-    assert layer._resolve_emulate(torch.device("cpu"), state) is True  # CPU: always emulated
+    assert check_recipe_device(RECIPE, cuda, None) is False  # Hopper: real FP8 GEMMs
+    assert check_recipe_device(RECIPE, "cpu", None) is True  # CPU: always emulated
 
 
 # ---- state -----------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor) -> None:
 # ---- the recipe ----------------------------------------------------------------------------------
 def test_recipe_mirrors_te_names_and_defaults() -> None:
     r = DelayedScaling()
-    assert [f.name for f in dataclasses.fields(r)] == [
+    te_fields = [
         "margin",
         "fp8_format",
         "amax_history_len",
@@ -120,10 +120,16 @@ def test_recipe_mirrors_te_names_and_defaults() -> None:
         "reduce_amax",
         "fp8_dpa",
         "fp8_mha",
-        "fp8_gemm_fprop",  # TE's Float8CurrentScaling names; TE's delayed-scaling behaviour
-        "fp8_gemm_dgrad",
+    ]
+    names = [f.name for f in dataclasses.fields(r)]
+    assert [n for n in names if n in te_fields] == te_fields  # TE's names, in TE's order
+    assert sorted(set(names) - set(te_fields)) == [  # TE's Float8CurrentScaling names; TE's
+        "fp8_gemm_dgrad",  # delayed-scaling behaviour (the fields every Recipe has)
+        "fp8_gemm_fprop",
         "fp8_gemm_wgrad",
     ]
+    with pytest.raises(TypeError):  # keyword-only: no positional order to get wrong
+        DelayedScaling(0)  # type: ignore[misc]
     assert (r.margin, r.fp8_format, r.amax_history_len, r.amax_compute_algo) == (
         0,
         Format.HYBRID,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tutorial_lib.fp8 import gemm
-from tutorial_lib.fp8.recipe_linear import RecipeLinearFunction, quantized_matmul
+from tutorial_lib.fp8.linear_function import FP8LinearFunction, RecipeOperands, quantized_matmul
 from tutorial_lib.fp8.recipes import Float8BlockScaling, check_recipe_device
 from tutorial_lib.fp8.scaling import Format
 from tutorial_lib.fp8.tiled_gemm import block_scale_operand, native_block_problem
@@ -112,8 +112,8 @@ def test_the_native_block_gemm_matches_the_emulation_in_all_three_gemms(
     dy = _tiled_magnitudes(m, n, 2)
     results = []
     for emulate in (True, False):
-        args = (recipe, torch.float32, emulate, None, True)
-        y = RecipeLinearFunction.apply(x, w, bias, *args)
+        args = (RecipeOperands(recipe), torch.float32, emulate, True)
+        y = FP8LinearFunction.apply(x, w, bias, *args)
         dx, dw, db = torch.autograd.grad(y, (x, w, bias), dy)
         results.append((y, dx, dw, db))
     assert [c["recipes"] for c in fake_kernel.calls] == [

@@ -29,9 +29,9 @@ CORE = {
     "04": ["tutorial_lib.fp8.formats:quantize"],
     "05": [
         "tutorial_lib.fp8.scaling:update_amax_and_scale",
-        "tutorial_lib.fp8.delayed_linear:_FP8Linear",
+        "tutorial_lib.fp8.linear_function:FP8LinearFunction",
     ],
-    "06": ["tutorial_lib.fp8.recipe_linear:RecipeLinearFunction", "tutorial_lib.fp8.recipes:NVFP4"],
+    "06": ["tutorial_lib.fp8.linear_function:RecipeOperands", "tutorial_lib.fp8.recipes:NVFP4"],
     "07": ["tutorial_lib.kernels.bias_gelu:_bias_gelu_fwd_kernel"],
     "08": ["tutorial_lib.bench.ladder:ladder_rungs"],
     "09": ["tutorial_lib.parallel.mesh:local_rows", "tutorial_lib.parallel.dp:shard_with_fsdp"],

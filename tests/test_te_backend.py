@@ -216,11 +216,9 @@ def test_recipe_kwargs_read_duck_typed() -> None:
 
 def test_recipe_kwargs_match_our_recipe_defaults() -> None:
     """Our ``DelayedScaling`` mirrors TE's defaults, so its conversion is TE's default recipe."""
-    scaling = pytest.importorskip("tutorial_lib.fp8.scaling")
-    ours = getattr(scaling, "DelayedScaling", None)
-    if ours is None:
-        pytest.skip("tutorial_lib.fp8.scaling has no DelayedScaling yet")
-    assert te_recipe_kwargs(ours()) == TE_DEFAULT_KWARGS
+    from tutorial_lib.fp8 import DelayedScaling
+
+    assert te_recipe_kwargs(DelayedScaling()) == TE_DEFAULT_KWARGS
 
 
 @pytest.mark.parametrize(

@@ -166,7 +166,13 @@ def test_te_source_has_the_layout_we_convert(te_source: Callable[[str, str], str
 def test_round_trip_through_our_state_without_te() -> None:
     te_dict = _te_format_dict()
     state, recipe = from_te_extra_state(te_dict)
-    assert recipe == DelayedScaling(2, Format.E4M3, L, "most_recent", False)
+    assert recipe == DelayedScaling(
+        margin=2,
+        fp8_format=Format.E4M3,
+        amax_history_len=L,
+        amax_compute_algo="most_recent",
+        reduce_amax=False,
+    )
     assert torch.equal(state.forward.amax_history, te_dict["amax_history_fwd"])
     assert torch.equal(state.backward.scale, te_dict["scale_bwd"])
     assert torch.equal(state.forward.scale_inv, torch.ones(3) / te_dict["scale_fwd"])

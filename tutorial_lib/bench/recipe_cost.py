@@ -303,7 +303,7 @@ class LayerMemory:
 def recipe_memory_bytes(
     recipe: str, tokens: int, in_features: int, out_features: int
 ) -> LayerMemory:
-    """What the layer saves for its backward pass (TE, ``fp8.recipe_linear``), as a
+    """What the layer saves for its backward pass (TE, ``fp8.linear_function``), as a
     ``LayerMemory``: ``activation`` (x, M x K) + ``weight_copy`` (w, N x K) = ``total``.
 
     ``"bf16"`` saves x (2 bytes per element) and runs dgrad on the weight parameter itself.

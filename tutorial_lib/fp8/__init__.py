@@ -1,14 +1,14 @@
 """FP8 training, from the formats up: E4M3/E5M2, scaled quantization, and TE's delayed scaling.
 
-Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (the
-``DelayedScaling`` recipe, per-module state, the update rule, amax reduction), ``stats``
+Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (delayed
+scaling's per-module state, the update rule, amax reduction), ``stats``
 (quantization statistics and capture of a model's GEMM operands), ``gemm`` (``scaled_gemm``:
 ``torch._scaled_mm`` on FP8 GPUs, ``emulated_gemm``, an FP32 emulation, elsewhere),
-``linear`` (``FP8Linear``), ``delayed_linear`` (its delayed-scaling state and GEMMs),
-``convert`` (``convert_to_fp8``), ``recipes`` (the recipes other than delayed scaling, by TE's
+``linear`` (``FP8Linear``), ``delayed_state`` (its delayed-scaling state and quantizers),
+``convert`` (``convert_to_fp8``), ``recipes`` (every recipe, by TE's
 names, and where each runs natively), ``quantizers`` (one
-quantizer per recipe and operand), ``recipe_linear`` (``FP8Linear``'s GEMMs under those
-recipes), ``autocast`` (the FP8 region, named and behaving like
+quantizer per recipe and operand), ``linear_function`` (``FP8Linear``'s one autograd Function
+and the GEMM it picks), ``autocast`` (the FP8 region, named and behaving like
 ``transformer_engine.pytorch.autocast``), ``recompute`` (``checkpoint``: activation
 checkpointing that replays the first forward's scales, TE's ``checkpoint``), ``policy`` (the
 ``fp8`` precision policy), and the
@@ -42,6 +42,7 @@ from .formats import (
 )
 from .gemm import emulated_gemm, scaled_gemm
 from .linear import FP8_MIN_CC, FP8_SHAPE_RULE, FP8Linear
+from .linear_function import quantized_matmul
 from .policy import (
     FP8_LOSS_TOLERANCE,
     FP8_POLICY_NAME,
@@ -51,11 +52,11 @@ from .policy import (
     register_fp8_policy,
 )
 from .quantizers import QuantizedTensor, Quantizer, get_quantizer
-from .recipe_linear import quantized_matmul
 from .recipes import (
     NATIVE,
     RECIPE_PRECISIONS,
     RECIPES,
+    DelayedScaling,
     Float8BlockScaling,
     Float8CurrentScaling,
     Float8RowwiseScaling,
@@ -75,7 +76,6 @@ from .scaling import (
     GRAD_INPUT1,
     GRAD_OUTPUT1,
     AmaxAlgo,
-    DelayedScaling,
     Format,
     FP8BwdTensors,
     FP8FwdTensors,

@@ -14,7 +14,7 @@ update. Under delayed scaling, when the scaling state changes (TE 2.x, ``transfo
         is only asked when the input, weight or bias requires grad), a module with nothing to
         differentiate (frozen weights, an input that needs no grad) runs no backward, so it
         cannot claim the update; the next module that does claims it. Here the claiming module's
-        autograd Function does the update (``_BackwardStep``).
+        autograd Function does the update (``BackwardStep``).
 Amaxes are MAX-all-reduced over ``amax_reduction_group`` before an update when the recipe's
 ``reduce_amax`` is set and the group has more than one rank (one all-reduce per group).
 Calibration (``enabled=False, calibrating=True``): modules run in high precision but write the
@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from .recipes import Recipe
-from .scaling import DelayedScaling, FP8ModuleState, reduce_amax
+from .recipes import DelayedScaling, Recipe
+from .scaling import FP8ModuleState, reduce_amax
 
 __all__ = ["FP8AutocastState", "autocast", "get_autocast_state", "is_fp8_enabled"]
 
@@ -61,7 +61,7 @@ class FP8AutocastState:
 
 
 @dataclass(eq=False)
-class _BackwardStep:
+class BackwardStep:
     """Modules run with grad in one outermost region; the first that needs grad updates their
     backward state."""
 
@@ -86,8 +86,8 @@ class _Region:
     """What the outermost autocast collects: modules that ran in FP8 (forward) and the step record
     shared by their backward passes."""
 
-    forward: _BackwardStep = field(default_factory=_BackwardStep)
-    backward: _BackwardStep = field(default_factory=_BackwardStep)
+    forward: BackwardStep = field(default_factory=BackwardStep)
+    backward: BackwardStep = field(default_factory=BackwardStep)
 
 
 _STACK: list[FP8AutocastState] = []
@@ -107,7 +107,7 @@ def is_fp8_enabled() -> bool:
 
 def register_fp8_run(
     state: FP8ModuleState, fp8: FP8AutocastState, needs_grad: bool
-) -> _BackwardStep | None:
+) -> BackwardStep | None:
     """Note that a module ran in FP8 in this region; returns the backward step record if this
     module is the first to run with grad enabled AND ``needs_grad`` (its input, weight or bias
     requires grad, so its backward will run): it then updates everyone's backward state. Else

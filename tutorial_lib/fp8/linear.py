@@ -1,8 +1,10 @@
 """``FP8Linear``: an ``nn.Linear`` whose GEMMs run in FP8 inside ``autocast``, with any recipe.
 
-Under ``DelayedScaling`` (``delayed_linear``) the layer keeps per-tensor scaling state; under the
-stateless recipes of ``fp8.recipes`` (current, block, MXFP8, NVFP4, row-wise) its GEMMs run in
-``recipe_linear``. The rest of this docstring is the delayed-scaling path.
+Every call in FP8 goes through one autograd Function, ``linear_function.FP8LinearFunction``,
+over the recipe's quantizers: under ``DelayedScaling`` the layer's own scaling state
+(``delayed_state.DelayedOperands``), under the stateless recipes of ``fp8.recipes`` (current,
+block, MXFP8, NVFP4, row-wise) quantizers that scale from the tensor at hand
+(``linear_function.RecipeOperands``). The rest of this docstring is delayed scaling's case.
 
 Outside an enabled ``tutorial_lib.fp8.autocast`` it *is* ``nn.Linear`` (same parameters, init
 and forward). Inside, one forward + backward pass does what TE's ``Linear`` does for one GEMM
@@ -20,9 +22,9 @@ stay zero and their scales stay 1.
 Activation checkpointing goes through ``fp8.checkpoint`` (``recompute``): its recompute replays
 each call with the scales the first forward used and records no amax.
 
-The GEMMs run in ``fp8.gemm.scaled_gemm``: ``torch._scaled_mm`` on FP8 GPUs (sm_89+), an FP32
-emulation (``emulated_gemm``: exact FP8 products, float32 sums, scales applied to the sum, so it
-rounds as a float32 GEMM does) everywhere else, never ``_scaled_mm`` on a CPU. Accumulation
+The GEMMs run in ``linear_function.quantized_matmul``: ``torch._scaled_mm`` on FP8 GPUs (sm_89+),
+an FP32 emulation (exact FP8 products, float32 sums, scales applied to the sum, so it rounds as a
+float32 GEMM does) everywhere else, never ``_scaled_mm`` on a CPU. Accumulation
 follows the recipe (``DelayedScaling.fp8_gemm_fprop``/``_dgrad``/``_wgrad``, TE's defaults:
 fast accumulation forward, split backward); the emulation always sums in float32.
 
@@ -30,35 +32,31 @@ State: the forward/backward scaling state lives in six float32 buffers (``fp8_am
 (L, 3), ``fp8_scale_fwd`` (3,), ``fp8_scale_inv_fwd`` (3,) and the ``_bwd`` ones with 2 columns),
 so it is in ``state_dict()`` and checkpoints; ``fp8_state`` is an ``FP8ModuleState`` over them.
 
-This module holds the layer (``FP8Linear``: which path a call takes, shape and device checks,
-checkpoint replays, statistics) and TE's shape rule; ``delayed_linear`` holds its delayed-scaling
-state (``DelayedScalingState``) and GEMMs (``_FP8LinearFunction``), ``sr_state`` its
-stochastic-rounding generator.
+This module holds the layer (``FP8Linear``: the recipe's quantizers for a call, shape and
+device checks, checkpoint replays, statistics) and TE's shape rule; ``delayed_state`` holds its
+delayed-scaling state (``DelayedScalingState``), ``sr_state`` its stochastic-rounding generator.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..hardware import cuda_capability
 from .autocast import FP8AutocastState, get_autocast_state, register_fp8_run
-from .delayed_linear import _BUFFERS, _STAT_SLOTS, DelayedScalingState, _FP8LinearFunction
-from .recipe_linear import RecipeLinearFunction
-from .recipes import Recipe, check_recipe_device, recipe_name
+from .delayed_state import FP8_BUFFERS, OPERAND_SLOTS, DelayedOperands, DelayedScalingState
+from .linear_function import FP8LinearFunction, Operands, RecipeOperands
+from .recipes import Recipe, check_recipe_device
 from .recompute import (
-    _Call,
     check_not_plain_checkpoint,
     check_not_reentrant_recompute,
     record_call,
     replay_call,
 )
-from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, DelayedScaling, ScalingMeta
+from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, ScalingMeta
 from .sr_state import SR_STATE_KEY, StochasticRoundingState
 from .stats import QuantStats
 
@@ -101,7 +99,9 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         draws the same noise as an uninterrupted one.
     """
 
-    FP8_STATE_BUFFERS: ClassVar[tuple[str, ...]] = tuple(n for ns in _BUFFERS.values() for n in ns)
+    FP8_STATE_BUFFERS: ClassVar[tuple[str, ...]] = tuple(
+        n for ns in FP8_BUFFERS.values() for n in ns
+    )
 
     def __init__(
         self,
@@ -148,67 +148,61 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         call = replay_call(self)  # inside fp8.checkpoint's recompute: repeat the recorded call
         if call is not None:
-            return self._replay(x, call)
+            if call.fp8 is None or call.out_dtype is None:
+                return F.linear(x, self.weight, self._gemm_bias())
+            operands = self._operands(call.fp8, x, None, call.scales)
+            return self._fp8_linear(x, operands, call.out_dtype, call.emulate)
         if self._ran_fp8:
             check_not_reentrant_recompute(self._layer_name())
         fp8 = get_autocast_state()
         if fp8 is None or not (fp8.enabled or fp8.calibrating):
             record_call(self)
             return F.linear(x, self.weight, self._gemm_bias())
-        if not isinstance(fp8.recipe, DelayedScaling):
-            return self._recipe_forward(x, fp8, fp8.recipe)
-        self._ensure_history_len(fp8.recipe.amax_history_len)
-        if not fp8.enabled:  # calibration: high precision; row 0 <- this batch's amaxes (TE)
+        recipe = fp8.recipe
+        if recipe.stateful:  # delayed scaling: the history follows the recipe's length (TE)
+            self._ensure_history_len(recipe.amax_history_len)  # type: ignore[attr-defined]
+        if not fp8.enabled:  # calibration: high precision; delayed scaling's row 0 <- its amaxes
             record_call(self)
-            self.fp8_state.forward.calibrate_amax(GEMM1_INPUT, x)
-            self.fp8_state.forward.calibrate_amax(GEMM1_WEIGHT, self.weight)
+            if recipe.stateful:
+                self.fp8_state.forward.calibrate_amax(GEMM1_INPUT, x)
+                self.fp8_state.forward.calibrate_amax(GEMM1_WEIGHT, self.weight)
             return F.linear(x, self.weight, self._gemm_bias())
-        self._check_fp8_shapes(x)
-        self._start_fp8()
-        emulate = self._resolve_emulate(x.device, fp8)
-        out_dtype = _out_dtype(x)
-        record_call(self, fp8, out_dtype, emulate, self.fp8_state.forward)
-        step = register_fp8_run(self.fp8_state, fp8, self._needs_grad(x))
-        fp8 = fp8 if fp8.collect_stats or not self.collect_stats else _with_stats(fp8)
-        return _FP8LinearFunction.apply(
-            x, self.weight, self._gemm_bias(), self, fp8, out_dtype, emulate, step, None
-        )
-
-    def _recipe_forward(
-        self, x: torch.Tensor, fp8: FP8AutocastState, recipe: Recipe
-    ) -> torch.Tensor:
-        """A stateless recipe (``fp8.recipes``): nothing to calibrate (high precision then)."""
-        if not fp8.enabled:
-            record_call(self)
-            return F.linear(x, self.weight, self._gemm_bias())
-        self._check_fp8_shapes(x)
-        tokens = math.prod(x.shape[:-1])
-        problem = recipe.shape_problem(tokens, self.in_features, self.out_features)
-        if problem and torch.is_grad_enabled() and self.weight.requires_grad:  # a wgrad GEMM
-            raise ValueError(f"FP8 GEMM shape error in layer {self._layer_name()}: {problem}.")
+        self._check_fp8_shapes(x, recipe)
         self._start_fp8()
         flag = self.emulate if self.emulate is not None else fp8.emulate
         emulate = check_recipe_device(recipe, x.device, flag, self._layer_name())
         out_dtype = _out_dtype(x)
-        record_call(self, fp8, out_dtype, emulate)
-        stats = fp8.collect_stats or self.collect_stats
-        return self._recipe_apply(x, recipe, out_dtype, emulate, stats)
+        record_call(
+            self, fp8, out_dtype, emulate, self.fp8_state.forward if recipe.stateful else None
+        )
+        stats = self._last_stats if fp8.collect_stats or self.collect_stats else None
+        if stats is not None:
+            self._stats_recipe = recipe.name
+        return self._fp8_linear(x, self._operands(fp8, x, stats), out_dtype, emulate)
 
-    def _recipe_apply(
+    def _operands(
         self,
+        fp8: FP8AutocastState,
         x: torch.Tensor,
-        recipe: Recipe,
-        out_dtype: torch.dtype,
-        emulate: bool,
-        stats: bool = False,
-    ) -> torch.Tensor:
+        stats: dict[str, Any] | None,
+        replay: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> Operands:
+        """The quantizers of this call: delayed scaling's are this layer's state (the first
+        module needing grad in the region updates every backward state: ``register_fp8_run``),
+        a stateless recipe's draw on nothing but the layer's rounding generator."""
+        recipe = fp8.recipe
+        if recipe.stateful:
+            step = None if replay else register_fp8_run(self.fp8_state, fp8, self._needs_grad(x))
+            return DelayedOperands(recipe, self.fp8_state, stats, replay, step)  # type: ignore[arg-type]
         gen = self.sr_generator(x.device) if recipe.uses_stochastic_rounding else None
+        return RecipeOperands(recipe, gen, stats)
+
+    def _fp8_linear(
+        self, x: torch.Tensor, operands: Operands, out_dtype: torch.dtype, emulate: bool
+    ) -> torch.Tensor:
         backward = torch.is_grad_enabled() and self._needs_grad(x)
         w, b = self.weight, self._gemm_bias()
-        if stats:
-            self._stats_recipe = recipe_name(recipe)
-        into = self._last_stats if stats else None
-        return RecipeLinearFunction.apply(x, w, b, recipe, out_dtype, emulate, gen, backward, into)
+        return FP8LinearFunction.apply(x, w, b, operands, out_dtype, emulate, backward)
 
     def _gemm_bias(self) -> torch.Tensor | None:
         """The bias the GEMM adds (a row-parallel subclass adds its own after the all-reduce)."""
@@ -224,20 +218,11 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         params = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)
         return any(t.requires_grad for t in params)
 
-    def _replay(self, x: torch.Tensor, call: _Call) -> torch.Tensor:
-        """A checkpoint recompute: the recorded call again, with its scales, recording nothing."""
-        fp8, out_dtype, scales = call.fp8, call.out_dtype, call.scales
-        if fp8 is not None and out_dtype is not None and not isinstance(fp8.recipe, DelayedScaling):
-            return self._recipe_apply(x, fp8.recipe, out_dtype, call.emulate)
-        if fp8 is None or out_dtype is None or scales is None:
-            return F.linear(x, self.weight, self._gemm_bias())
-        w, b = self.weight, self._gemm_bias()
-        return _FP8LinearFunction.apply(x, w, b, self, fp8, out_dtype, call.emulate, None, scales)
-
     def _layer_name(self) -> str:
         return self.fp8_name or f"FP8Linear({self.in_features} -> {self.out_features})"
 
-    def _check_fp8_shapes(self, x: torch.Tensor) -> None:
+    def _check_fp8_shapes(self, x: torch.Tensor, recipe: Recipe) -> None:
+        """TE's shape rule, then what the recipe's own GEMMs need (NVFP4's transform)."""
         tokens = math.prod(x.shape[:-1])
         problems = weight_problems(self.in_features, self.out_features)
         if tokens % 8:
@@ -252,22 +237,9 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
                 + f". {FP8_SHAPE_RULE}: in_features a multiple of 16, out_features and the token "
                 "count (batch x sequence) multiples of 8. Choose such sizes or pad."
             )
-
-    def _resolve_emulate(self, device: torch.device, fp8: FP8AutocastState) -> bool:
-        emulate = self.emulate if self.emulate is not None else bool(fp8.emulate)
-        gpu = cuda_capability(device)
-        if gpu is None or emulate:  # a CPU (or any non-CUDA device) always emulates
-            return True
-        name, cc = gpu
-        if cc < FP8_MIN_CC:
-            raise RuntimeError(
-                f"{self._layer_name()}: FP8 GEMMs need a GPU with FP8 tensor cores (sm_89+: Ada, "
-                f"Hopper); {name} is sm_{cc[0]}{cc[1]}. To run the "
-                "emulation (an FP32 matmul of the widened FP8 operands: no FP8 speed) ask for it: "
-                "FP8Linear(..., emulate=True), tutorial_lib.fp8.autocast(emulate=True), or "
-                "make_fp8_policy(emulate=True). Or train with 'bf16'."
-            )
-        return False
+        problem = recipe.shape_problem(tokens, self.in_features, self.out_features)
+        if problem and torch.is_grad_enabled() and self.weight.requires_grad:  # a wgrad GEMM
+            raise ValueError(f"FP8 GEMM shape error in layer {self._layer_name()}: {problem}.")
 
     # ---- statistics and checkpoints --------------------------------------------------------
     def fp8_stats(self) -> dict[str, dict[str, Any]]:
@@ -279,7 +251,7 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         ``flushed`` are per tile (``compare.recipe_quant_stats``)."""
         out: dict[str, dict[str, Any]] = {}
         delayed = self._stats_recipe == "delayed"
-        for name, (direction, index) in _STAT_SLOTS.items():
+        for name, (direction, index) in OPERAND_SLOTS.items():
             last = self._last_stats.get(name)
             meta: ScalingMeta = getattr(self.fp8_state, direction)
             row: dict[str, Any] = {
@@ -317,10 +289,6 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     """The GEMM output dtype: the autocast dtype inside autocast, else the input's."""
     dev = x.device.type
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-
-
-def _with_stats(fp8: FP8AutocastState) -> FP8AutocastState:
-    return replace(fp8, collect_stats=True)
 
 
 def weight_problems(in_features: int, out_features: int) -> list[str]:

@@ -11,7 +11,7 @@
 ``get_policy("fp8-block")`` works without importing this package first: ``tutorial_lib.precision``
 imports it lazily. Every policy keeps BF16 autocast on every device, the CPU included (as slow or
 fast there as the CPU's BF16 kernels, but the numerics are those of a GPU run); on the CPU the
-FP8 GEMMs are emulated (``linear.py``, ``recipe_linear.py``). On a GPU that cannot run a recipe
+FP8 GEMMs are emulated (``linear.py``, ``linear_function.py``). On a GPU that cannot run a recipe
 natively, the policy's check raises an error naming the GPU it needs (``recipes.NATIVE``),
 unless the policy was made with ``emulate=True``.
 """
@@ -29,8 +29,13 @@ from ..precision import POLICIES, PrecisionPolicy, register_policy
 from .autocast import autocast
 from .convert import convert_to_fp8
 from .linear import FP8_MIN_CC
-from .recipes import RECIPE_PRECISIONS, check_recipe_device, make_recipe, recipe_name
-from .scaling import DelayedScaling
+from .recipes import (
+    RECIPE_PRECISIONS,
+    DelayedScaling,
+    check_recipe_device,
+    make_recipe,
+    recipe_name,
+)
 
 __all__ = [
     "FP8_POLICY_NAME",

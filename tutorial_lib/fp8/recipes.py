@@ -1,5 +1,5 @@
-"""The FP8 (and FP4) training recipes other than delayed scaling, named as Transformer Engine names
-them, and where each one runs natively.
+"""The FP8 (and FP4) training recipes, named as Transformer Engine names them, and where each one
+runs natively.
 
     recipe                 ours       per operand                                   state
     DelayedScaling         "delayed"  one scale per tensor, from earlier steps      amax history
@@ -10,13 +10,13 @@ them, and where each one runs natively.
                                       FP32 scales, Hadamard transform on wgrad
     Float8RowwiseScaling   "rowwise"  one scale per row (torchao's ``rowwise``)     none
 
-``DelayedScaling`` lives in ``scaling`` (it has state and an update rule); the others are here.
-Each is a frozen dataclass with TE's field names and defaults where TE has them (TE nests the
+``DelayedScaling`` is the one with state (an amax history per layer; its update rule is
+``scaling``'s). Each is a frozen dataclass with TE's field names and defaults where TE has them (TE nests the
 per-tensor options in ``QParams``; here they are flat fields, the same for the three tensors).
 ``quantizer(role, columnwise)`` gives the ``fp8.quantizers`` quantizer for one GEMM operand:
 the row-wise copy feeds the forward GEMM (and grad_output's dgrad), the column-wise copy (the
 transposed matrix, quantized along the other dimension, as TE does) feeds the backward GEMMs.
-``FP8Linear`` trains with any of them inside ``fp8.autocast(recipe=...)`` (``recipe_linear``).
+``FP8Linear`` trains with any of them inside ``fp8.autocast(recipe=...)`` (``linear_function``).
 
 Where they run (``NATIVE``): our ``FP8Linear`` calls ``torch._scaled_mm`` for the per-tensor
 and row-wise recipes on FP8 GPUs, and torch's blockwise kernel (``fp8.tiled_gemm``) for the block
@@ -35,12 +35,15 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..checks import check_int, check_positive_int
 from ..hardware import cuda_capability
+from .formats import FP8Format
 from .quantizers import Quantizer, get_quantizer
-from .scaling import DelayedScaling, Format, MMParams
+from .scaling import AmaxAlgo, Format, MMParams, check_amax_algo
 
 __all__ = [
     "Recipe",
+    "DelayedScaling",
     "Float8CurrentScaling",
     "Float8BlockScaling",
     "MXFP8BlockScaling",
@@ -67,6 +70,7 @@ class Recipe:
 
     name: ClassVar[str] = ""
     te_name: ClassVar[str] = ""
+    stateful: ClassVar[bool] = False  # scaling state kept by each layer (delayed scaling only)
     fp8_gemm_fprop: MMParams = _SPLIT
     fp8_gemm_dgrad: MMParams = _SPLIT
     fp8_gemm_wgrad: MMParams = _SPLIT
@@ -97,6 +101,79 @@ class Recipe:
         """Why this recipe's emulation cannot run a GEMM of these sizes (None: it can). Tiles
         are padded, so only a transform with a fixed size constrains them (NVFP4's RHT)."""
         return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelayedScaling(Recipe):
+    """The delayed-scaling recipe: scales from the amax history of earlier steps. The one
+    recipe with state (``stateful``): each ``FP8Linear`` keeps an amax history and scales for
+    its operands (``delayed_state``), and ``fp8.autocast`` updates them after every step.
+    Fields are keyword-only.
+
+    Format:
+        fp8_format: Format.HYBRID (default) or Format.E4M3. Format.E5M2 is rejected: pure E5M2
+            training is not supported, as in TE.
+        margin: the scale maps the amax to ``fp8_max * 2**-margin``; each unit of margin
+            leaves one more binade of headroom. Integer >= 0.
+    History:
+        amax_history_len: rows L of the history (steps remembered), >= 1.
+        amax_compute_algo: "max" (largest amax in the window), "most_recent" (this step's),
+            or a callable taking the ``(L, n)`` float32 history (row 0 = this step) and
+            returning the ``(n,)`` amaxes.
+    Distributed:
+        reduce_amax: MAX all-reduce this step's amaxes over the autocast's group before the
+            update, so that every rank gets the same scales.
+    Attention (accepted for TE compatibility; unused here):
+        fp8_dpa: FP8 dot-product attention. fp8_mha: FP8 multi-head attention.
+    GEMM accumulation (an ``MMParams`` per GEMM of ``FP8Linear``):
+        fp8_gemm_fprop: the forward GEMM, default ``MMParams(use_split_accumulator=False)``
+            (fast accumulation). fp8_gemm_dgrad, fp8_gemm_wgrad: the input- and weight-gradient
+            GEMMs, default ``MMParams(use_split_accumulator=True)`` (sums promoted to float32).
+        These are what TE runs under delayed scaling: its ``DelayedScaling`` has no such fields
+        and its modules use ``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True``
+        (``pytorch/module/base.py``); the field names and ``MMParams`` are those of TE's
+        ``Float8CurrentScaling``, whose defaults are the same. On a GPU they reach
+        ``torch._scaled_mm(use_fast_accum=...)``; the CPU emulation always sums in float32
+        (``fp8.gemm``), so there they change nothing.
+    TE also takes ``scaling_factor_compute_algo`` (a custom amax -> scale function); this
+    package always uses the built-in rule (``update_amax_and_scale``).
+    """
+
+    name: ClassVar[str] = "delayed"
+    te_name: ClassVar[str] = "DelayedScaling"
+    stateful: ClassVar[bool] = True
+    margin: int = 0
+    fp8_format: Format = Format.HYBRID
+    amax_history_len: int = 1024
+    amax_compute_algo: AmaxAlgo = "max"
+    reduce_amax: bool = True
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    fp8_gemm_fprop: MMParams = _FAST
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.fp8_format, Format):
+            raise TypeError(f"fp8_format must be a Format, got {self.fp8_format!r}.")
+        if self.fp8_format is Format.E5M2:
+            raise ValueError(
+                "DelayedScaling: pure E5M2 training is not supported (as in Transformer "
+                "Engine). Use fp8_format=Format.HYBRID (E4M3 forward, E5M2 gradients) or "
+                "Format.E4M3."
+            )
+        check_int(self.margin, "DelayedScaling.margin", 0)
+        check_positive_int(self.amax_history_len, "DelayedScaling.amax_history_len")
+        check_amax_algo(self.amax_compute_algo)
+
+    @property
+    def fwd_format(self) -> FP8Format:
+        """Format of forward-pass tensors (input, weight, output)."""
+        return self.fp8_format.fwd
+
+    @property
+    def bwd_format(self) -> FP8Format:
+        """Format of backward-pass tensors (grad_output, grad_input)."""
+        return self.fp8_format.bwd
 
 
 @dataclass(frozen=True)
@@ -283,7 +360,7 @@ def _check_epsilon(epsilon: float) -> None:
         raise ValueError(f"amax_epsilon must be >= 0, got {epsilon!r}.")
 
 
-RECIPES: dict[str, type[Any]] = {
+RECIPES: dict[str, type[Recipe]] = {
     "delayed": DelayedScaling,
     "current": Float8CurrentScaling,
     "block": Float8BlockScaling,
@@ -300,9 +377,7 @@ RECIPE_PRECISIONS: dict[str, str] = {
     "nvfp4": "nvfp4",
     "rowwise": "fp8-rowwise",
 }
-_TE_NAMES = {"DelayedScaling": "delayed"} | {
-    cls.te_name: name for name, cls in RECIPES.items() if getattr(cls, "te_name", "")
-}
+_TE_NAMES = {cls.te_name: name for name, cls in RECIPES.items() if cls.te_name}
 
 
 def recipe_name(recipe: object) -> str:

@@ -14,18 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from ..checks import check_int, check_positive_int
 from .formats import E4M3 as _E4M3
 from .formats import E5M2 as _E5M2
 from .formats import FP8Format
 
 __all__ = [
     "Format",
-    "DelayedScaling",
     "MMParams",
     "AmaxAlgo",
     "FP8FwdTensors",
@@ -45,6 +43,25 @@ __all__ = [
 FLT_MAX = torch.finfo(torch.float32).max  # an infinite new scale becomes this (TE)
 AMAX_ALGOS = ("max", "most_recent")
 AmaxAlgo = str | Callable[[torch.Tensor], torch.Tensor]  # "max", "most_recent", or (L, n) -> (n,)
+
+
+class ScalingRecipe(Protocol):
+    """What the delayed-scaling update reads from its recipe (``recipes.DelayedScaling``)."""
+
+    @property
+    def margin(self) -> int: ...
+
+    @property
+    def amax_history_len(self) -> int: ...
+
+    @property
+    def amax_compute_algo(self) -> AmaxAlgo: ...
+
+    @property
+    def fwd_format(self) -> FP8Format: ...
+
+    @property
+    def bwd_format(self) -> FP8Format: ...
 
 
 class Format(Enum):
@@ -130,78 +147,7 @@ class MMParams:
         return not self.use_split_accumulator
 
 
-@dataclass
-class DelayedScaling:
-    """The delayed-scaling recipe: scales from the amax history of earlier steps.
-
-    Format:
-        fp8_format: Format.HYBRID (default) or Format.E4M3. Format.E5M2 is rejected: pure E5M2
-            training is not supported, as in TE.
-        margin: the scale maps the amax to ``fp8_max * 2**-margin``; each unit of margin
-            leaves one more binade of headroom. Integer >= 0.
-    History:
-        amax_history_len: rows L of the history (steps remembered), >= 1.
-        amax_compute_algo: "max" (largest amax in the window), "most_recent" (this step's),
-            or a callable taking the ``(L, n)`` float32 history (row 0 = this step) and
-            returning the ``(n,)`` amaxes.
-    Distributed:
-        reduce_amax: MAX all-reduce this step's amaxes over the autocast's group before the
-            update, so that every rank gets the same scales.
-    Attention (accepted for TE compatibility; unused here):
-        fp8_dpa: FP8 dot-product attention. fp8_mha: FP8 multi-head attention.
-    GEMM accumulation (an ``MMParams`` per GEMM of ``FP8Linear``):
-        fp8_gemm_fprop: the forward GEMM, default ``MMParams(use_split_accumulator=False)``
-            (fast accumulation). fp8_gemm_dgrad, fp8_gemm_wgrad: the input- and weight-gradient
-            GEMMs, default ``MMParams(use_split_accumulator=True)`` (sums promoted to float32).
-        These are what TE runs under delayed scaling: its ``DelayedScaling`` has no such fields
-        and its modules use ``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True``
-        (``pytorch/module/base.py``); the field names and ``MMParams`` are those of TE's
-        ``Float8CurrentScaling``, whose defaults are the same. On a GPU they reach
-        ``torch._scaled_mm(use_fast_accum=...)``; the CPU emulation always sums in float32
-        (``fp8.gemm``), so there they change nothing.
-    TE also takes ``scaling_factor_compute_algo`` (a custom amax -> scale function); this
-    package always uses the built-in rule (``update_amax_and_scale``).
-    """
-
-    margin: int = 0
-    fp8_format: Format = Format.HYBRID
-    amax_history_len: int = 1024
-    amax_compute_algo: AmaxAlgo = "max"
-    reduce_amax: bool = True
-    fp8_dpa: bool = False
-    fp8_mha: bool = False
-    fp8_gemm_fprop: MMParams = MMParams(use_split_accumulator=False)
-    fp8_gemm_dgrad: MMParams = MMParams(use_split_accumulator=True)
-    fp8_gemm_wgrad: MMParams = MMParams(use_split_accumulator=True)
-
-    def __post_init__(self) -> None:
-        for gemm in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
-            if not isinstance(getattr(self, gemm), MMParams):
-                raise TypeError(f"{gemm} must be an MMParams, got {getattr(self, gemm)!r}.")
-        if not isinstance(self.fp8_format, Format):
-            raise TypeError(f"fp8_format must be a Format, got {self.fp8_format!r}.")
-        if self.fp8_format is Format.E5M2:
-            raise ValueError(
-                "DelayedScaling: pure E5M2 training is not supported (as in Transformer "
-                "Engine). Use fp8_format=Format.HYBRID (E4M3 forward, E5M2 gradients) or "
-                "Format.E4M3."
-            )
-        check_int(self.margin, "DelayedScaling.margin", 0)
-        check_positive_int(self.amax_history_len, "DelayedScaling.amax_history_len")
-        _check_algo(self.amax_compute_algo)
-
-    @property
-    def fwd_format(self) -> FP8Format:
-        """Format of forward-pass tensors (input, weight, output)."""
-        return self.fp8_format.fwd
-
-    @property
-    def bwd_format(self) -> FP8Format:
-        """Format of backward-pass tensors (grad_output, grad_input)."""
-        return self.fp8_format.bwd
-
-
-def _check_algo(algo: object) -> None:
+def check_amax_algo(algo: object) -> None:
     if not callable(algo) and algo not in AMAX_ALGOS:
         raise ValueError(
             f"amax_compute_algo must be 'max', 'most_recent' or a callable "
@@ -285,7 +231,7 @@ def update_amax_and_scale(
         kernel's arithmetic above.
     """
     _check_state(amax_history, scale=scale, reduced_amax=reduced_amax)
-    _check_algo(amax_compute_algo)
+    check_amax_algo(amax_compute_algo)
     row0 = amax_history[0]
     current = row0 if reduced_amax is None else torch.where(reduced_amax != 0, reduced_amax, row0)
     window, rolled = _rolled(amax_history, current)
@@ -360,6 +306,10 @@ class ScalingMeta:
         """
         a = tensor.detach().to(torch.float32).abs()
         amax = torch.where(torch.isnan(a), 0.0, a).amax() if a.numel() else a.new_zeros(())
+        self.fold_amax(index, amax)
+
+    def fold_amax(self, index: int, amax: torch.Tensor) -> None:
+        """Fold an amax already taken (``record_amax``'s rule) into row 0, column ``index``."""
         slot = self.amax_history[0, index]
         slot.copy_(torch.maximum(slot, amax.to(slot.device)))
 
@@ -378,7 +328,7 @@ class ScalingMeta:
         self.amax_history[0, index].copy_(value.to(self.amax_history.device))
 
     def update(
-        self, recipe: DelayedScaling, fp8_max: float, reduced_amax: torch.Tensor | None = None
+        self, recipe: ScalingRecipe, fp8_max: float, reduced_amax: torch.Tensor | None = None
     ) -> None:
         """Apply ``update_amax_and_scale`` in place (views of these tensors stay valid)."""
         algo, margin = recipe.amax_compute_algo, recipe.margin
@@ -424,14 +374,14 @@ class FP8ModuleState:
 
     @classmethod
     def from_recipe(
-        cls, recipe: DelayedScaling, num_gemms: int = 1, device: torch.device | str | None = None
+        cls, recipe: ScalingRecipe, num_gemms: int = 1, device: torch.device | str | None = None
     ) -> FP8ModuleState:
         length = recipe.amax_history_len
         fwd = ScalingMeta.create(FWD_TENSORS_PER_GEMM * num_gemms, length, device)
         return cls(fwd, ScalingMeta.create(BWD_TENSORS_PER_GEMM * num_gemms, length, device))
 
     def update(
-        self, recipe: DelayedScaling, forward: bool, reduced_amax: torch.Tensor | None = None
+        self, recipe: ScalingRecipe, forward: bool, reduced_amax: torch.Tensor | None = None
     ) -> None:
         """Update the forward (``fwd_format.max``) or backward (``bwd_format.max``) group."""
         if forward:

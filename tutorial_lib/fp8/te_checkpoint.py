@@ -33,8 +33,9 @@ from torch import nn
 from ..config import GPTConfig
 from ..model import GPT
 from .convert import convertible_linears
-from .delayed_linear import _BUFFERS  # FP8Linear's buffer names, forward and backward
-from .scaling import DelayedScaling, FP8ModuleState, ScalingMeta
+from .delayed_state import FP8_BUFFERS
+from .recipes import DelayedScaling
+from .scaling import FP8ModuleState, ScalingMeta
 from .te_policy import te_recipe_kwargs
 from .te_state import _EXTRA, TE_STATE_FORMAT, from_te_extra_state, to_te_extra_state
 
@@ -109,7 +110,7 @@ def _to_te(model: dict[str, Any], linears: list[str], norms: list[str]) -> None:
         "fp8_max_bwd": fmt.max_bwd,
     }
     for name in linears:
-        keys = {d: [f"{name}.{b}" for b in names] for d, names in _BUFFERS.items()}
+        keys = {d: [f"{name}.{b}" for b in names] for d, names in FP8_BUFFERS.items()}
         missing = [k for ks in keys.values() for k in ks if k not in model]
         if missing:
             raise ValueError(
@@ -138,9 +139,9 @@ def _from_te(model: dict[str, Any], linears: list[str], norms: list[str]) -> Non
         if key not in model:
             raise ValueError(f"{key} is missing: not a checkpoint of a te-fp8 run of this model.")
         metas = _linear_state(key, model.pop(key), recipe)
-        for direction, meta in zip(_BUFFERS, metas, strict=True):
+        for direction, meta in zip(FP8_BUFFERS, metas, strict=True):
             for buffer, field in zip(
-                _BUFFERS[direction], ("amax_history", "scale", "scale_inv"), strict=True
+                FP8_BUFFERS[direction], ("amax_history", "scale", "scale_inv"), strict=True
             ):
                 model[f"{name}.{buffer}"] = getattr(meta, field)
     for name in norms:

@@ -89,7 +89,7 @@ def te_recipe_kwargs(recipe: object) -> dict[str, Any]:
         hint = f"name TE's recipe instead: recipe={te_name!r}, " if te_name else ""
         raise TypeError(
             f"{type(recipe).__name__} is not a delayed-scaling recipe: it lacks {missing}. "
-            f"Pass tutorial_lib.fp8.scaling.DelayedScaling, {hint}or TE's own recipe."
+            f"Pass tutorial_lib.fp8.DelayedScaling, {hint}or TE's own recipe."
         )
     for gemm, split in TE_DELAYED_SPLIT_ACCUMULATOR.items():
         params = getattr(recipe, gemm, None)

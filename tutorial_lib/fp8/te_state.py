@@ -36,10 +36,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .recipes import DelayedScaling
 from .scaling import (
     BWD_TENSORS_PER_GEMM,
     FWD_TENSORS_PER_GEMM,
-    DelayedScaling,
     Format,
     FP8ModuleState,
     ScalingMeta,

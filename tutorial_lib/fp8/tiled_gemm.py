@@ -4,7 +4,7 @@
 and 128x128 tiles of weights. cuBLAS 12.9 applies such tile scales inside the GEMM on sm_90, and
 torch exposes it as ``torch.nn.functional.scaled_mm`` with ``ScalingType.BlockWise1x128`` and
 ``BlockWise128x128`` (``torch._scaled_mm_v2``). ``block_scaled_mm`` computes ``a @ b^T`` for two
-``QuantizedTensor``s quantized along their shared last dimension K, as ``recipe_linear``'s
+``QuantizedTensor``s quantized along their shared last dimension K, as ``linear_function``'s
 ``quantized_matmul`` does in emulation:
 
     forward   x (1x128) @ w (128x128)^T        dgrad   dy (1x128) @ w_col (128x128)^T

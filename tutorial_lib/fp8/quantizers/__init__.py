@@ -17,7 +17,8 @@ carry TE's defaults (forward format, backward format, tiles, power-of-two scales
 options of ``get_quantizer`` override them. Modules: ``base`` (``QuantizedTensor``, tiles, TE's
 scale-from-amax rule), ``per_tensor``, ``block``, ``nvfp4`` and ``fp4`` (E2M1 codes, packing,
 the Hadamard matrix). ``FP8Linear`` trains with them through the recipes of ``fp8.recipes``
-(``recipe_linear``); delayed scaling keeps its own path, with the module's scaling state.
+(``linear_function``); under delayed scaling the cast is ``DelayedQuantizer``'s with the
+layer's own scale (``delayed_state``).
 """
 
 from __future__ import annotations
