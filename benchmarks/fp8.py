@@ -51,7 +51,8 @@ from tutorial_lib.config import RunPreset, get_preset
 from tutorial_lib.fp8.formats import E4M3, quantize
 from tutorial_lib.fp8.gemm import scaled_gemm
 from tutorial_lib.fp8.linear_function import quantized_matmul
-from tutorial_lib.fp8.recipes import check_recipe_device, make_recipe
+from tutorial_lib.fp8.native import check_recipe_device
+from tutorial_lib.fp8.recipes import make_recipe
 from tutorial_lib.hardware import default_device, describe_device, fp8_gemm_status
 from tutorial_lib.perf import BenchResult, benchmark, l2_cache_bytes, make_rotating_inputs
 

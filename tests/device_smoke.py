@@ -183,7 +183,8 @@ def gemm_checks(checks: Checks, device: torch.device, tokens: int, width: int) -
     """Each natively run recipe's three GEMMs (forward, dgrad, wgrad) on the FP8 tensor cores
     against the emulation: one ``FP8Linear`` step each way, same weights, same input."""
     from tutorial_lib.fp8 import FP8Linear, autocast
-    from tutorial_lib.fp8.recipes import check_recipe_device, make_recipe
+    from tutorial_lib.fp8.native import check_recipe_device
+    from tutorial_lib.fp8.recipes import make_recipe
 
     g = torch.Generator(device="cpu").manual_seed(1)
     x = torch.randn(tokens, width, generator=g).to(device)

@@ -17,7 +17,8 @@ import torch
 
 from tutorial_lib.fp8 import gemm
 from tutorial_lib.fp8.linear_function import FP8LinearFunction, RecipeOperands, quantized_matmul
-from tutorial_lib.fp8.recipes import Float8BlockScaling, check_recipe_device
+from tutorial_lib.fp8.native import check_recipe_device
+from tutorial_lib.fp8.recipes import Float8BlockScaling
 from tutorial_lib.fp8.scaling import Format
 from tutorial_lib.fp8.tiled_gemm import block_scale_operand, native_block_problem
 

@@ -47,7 +47,7 @@ the backward GEMMs need (the GEMM's reduction dimension must carry the scales):
     bytes are those of 1x16 blocks). Scale padding (TE: multiples of 4 and 128) is left out.
     ``scale_bytes`` counts the scales the casts write (the GEMMs read them again).
 
-Native: ``recipes.NATIVE[recipe].min_cc`` against the GPU's compute capability
+Native: ``native.NATIVE[recipe].min_cc`` against the GPU's compute capability
 (``COMPUTE_CAPABILITY``). Hopper (sm_90) has no MXFP8 or FP4 tensor cores, so mxfp8 and nvfp4
 there get ``gemm_s``, ``cast_s`` and ``total_s`` of None: they have no native kernel to model,
 and an emulation's cost is not a roofline number. Block scaling on Hopper is timed at the FP8
@@ -64,9 +64,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_positive_int
+from ..fp8.native import NATIVE
 from ..fp8.quantizers.block import BLOCK_LEN, MXFP8_BLOCK
 from ..fp8.quantizers.nvfp4 import NVFP4_BLOCK
-from ..fp8.recipes import NATIVE, RECIPES
+from ..fp8.recipes import RECIPES
 from ..hardware import SPECS, DeviceSpec
 from ..perf.roofline import Op, roof_from_spec
 from .fp8_model import training_gemms
@@ -200,7 +201,7 @@ def quantized_tensors(
 class RecipeCost:
     """Modelled cost of one Linear layer's training step under one recipe on one GPU.
 
-    native: the GPU runs the recipe's GEMMs natively (``recipes.NATIVE``). If not, or if the
+    native: the GPU runs the recipe's GEMMs natively (``native.NATIVE``). If not, or if the
     spec has no datasheet peak for ``math`` ("bf16", "fp8" or "fp4"), ``gemm_s``, ``cast_s``
     and ``total_s`` are None and ``note`` says why.
     cast_bytes, scale_bytes: HBM bytes of the quantize kernels, and of the scales among them.

@@ -43,6 +43,7 @@ from .formats import (
 from .gemm import emulated_gemm, scaled_gemm
 from .linear import FP8_MIN_CC, FP8_SHAPE_RULE, FP8Linear
 from .linear_function import quantized_matmul
+from .native import NATIVE, check_recipe_device
 from .policy import (
     FP8_LOSS_TOLERANCE,
     FP8_POLICY_NAME,
@@ -53,7 +54,6 @@ from .policy import (
 )
 from .quantizers import QuantizedTensor, Quantizer, get_quantizer
 from .recipes import (
-    NATIVE,
     RECIPE_PRECISIONS,
     RECIPES,
     DelayedScaling,
@@ -63,7 +63,6 @@ from .recipes import (
     MXFP8BlockScaling,
     NVFP4BlockScaling,
     Recipe,
-    check_recipe_device,
     make_recipe,
     recipe_name,
 )

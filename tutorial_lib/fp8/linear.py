@@ -49,7 +49,8 @@ from torch import nn
 from .autocast import FP8AutocastState, get_autocast_state, register_fp8_run
 from .delayed_state import FP8_BUFFERS, OPERAND_SLOTS, DelayedOperands, DelayedScalingState
 from .linear_function import FP8LinearFunction, Operands, RecipeOperands
-from .recipes import Recipe, check_recipe_device
+from .native import check_recipe_device
+from .recipes import Recipe
 from .recompute import (
     check_not_plain_checkpoint,
     check_not_reentrant_recompute,
@@ -94,7 +95,7 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
     Under DDP: the six buffers (``FP8_STATE_BUFFERS``) stay out of its buffer broadcast
         (``fp8.ddp.exclude_fp8_from_ddp``; ``convert_to_fp8`` calls it).
     Other recipes (``fp8.recipes``): stateless, except NVFP4's stochastic rounding, which draws
-        from the layer's own generator (``sr_generator``, seeded by ``recipes.sr_seed``); its
+        from the layer's own generator (``sr_generator``, seeded by ``sr_seed``); its
         state is the state-dict entry ``fp8_sr_rng_state`` (``SR_STATE_KEY``), so a resumed run
         draws the same noise as an uninterrupted one.
     """

@@ -30,7 +30,7 @@ The GEMM is chosen in one place, ``quantized_matmul``:
         ``power_2_scale=False`` block scales are not powers of two and the scaled elements round.
         Hadamard-transformed operands (NVFP4's wgrad) are multiplied as they are: H is
         orthogonal, so the transforms of both sides cancel in the product.
-Whether a recipe may run natively on a device at all is ``recipes.check_recipe_device``'s call.
+Whether a recipe may run natively on a device at all is ``native.check_recipe_device``'s call.
 Accumulation follows the recipe (``fp8_gemm_fprop``/``_dgrad``/``_wgrad``); the emulation always
 sums in float32. The bias is added in the activation dtype, as TE does.
 """

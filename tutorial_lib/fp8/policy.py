@@ -12,7 +12,7 @@
 imports it lazily. Every policy keeps BF16 autocast on every device, the CPU included (as slow or
 fast there as the CPU's BF16 kernels, but the numerics are those of a GPU run); on the CPU the
 FP8 GEMMs are emulated (``linear.py``, ``linear_function.py``). On a GPU that cannot run a recipe
-natively, the policy's check raises an error naming the GPU it needs (``recipes.NATIVE``),
+natively, the policy's check raises an error naming the GPU it needs (``native.NATIVE``),
 unless the policy was made with ``emulate=True``.
 """
 
@@ -29,13 +29,8 @@ from ..precision import POLICIES, PrecisionPolicy, register_policy
 from .autocast import autocast
 from .convert import convert_to_fp8
 from .linear import FP8_MIN_CC
-from .recipes import (
-    RECIPE_PRECISIONS,
-    DelayedScaling,
-    check_recipe_device,
-    make_recipe,
-    recipe_name,
-)
+from .native import check_recipe_device
+from .recipes import RECIPE_PRECISIONS, DelayedScaling, make_recipe, recipe_name
 
 __all__ = [
     "FP8_POLICY_NAME",

@@ -10,8 +10,6 @@ from typing import Any
 
 import torch
 
-from .recipes import sr_seed
-
 __all__ = ["SR_STATE_KEY", "StochasticRoundingState"]
 
 SR_STATE_KEY = "fp8_sr_rng_state"  # state-dict entry of the stochastic-rounding generator
@@ -35,7 +33,7 @@ class StochasticRoundingState:
 
     def sr_generator(self, device: torch.device | str) -> torch.Generator:
         """The layer's stochastic-rounding generator on ``device``, created on first use (seeded
-        by ``recipes.sr_seed`` from the run's seed and the layer name). Moving to another
+        by ``sr_seed`` from the run's seed and the layer name). Moving to another
         device reseeds it from a draw of the old one, so the stream stays reproducible."""
         device = torch.device(device)
         gen = self._sr_generator
@@ -87,3 +85,9 @@ class StochasticRoundingState:
             return
         self._sr_pending = state.detach().to("cpu").clone()
         self._sr_generator = None
+
+
+def sr_seed(layer_name: str) -> int:
+    """The seed of a layer's stochastic-rounding generator: this run's torch seed mixed with the
+    layer's name, so layers draw different noise and a rerun with the same seed draws the same."""
+    return (torch.initial_seed() * 0x9E3779B1 + zlib.crc32(layer_name.encode())) % (1 << 63)

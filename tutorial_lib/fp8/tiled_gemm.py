@@ -12,7 +12,7 @@ torch exposes it as ``torch.nn.functional.scaled_mm`` with ``ScalingType.BlockWi
 
 The operand layouts torch's kernel reads (its checks in ``aten/src/ATen/native/cuda/
 ScaledBlas.cpp``, ``_scaled_block1x128_block128x128`` and the two others; the function and
-``ScalingType`` exist from torch 2.10, which ``recipes.check_recipe_device`` checks):
+``ScalingType`` exist from torch 2.10, which ``native.check_recipe_device`` checks):
     data      ``mat_a`` (M, K) row-major, ``mat_b`` (K, N) column-major (b's (N, K) transposed)
     1x128     float32 scales (rows, ceil(K/128)), *outer-dim-major*: strides (1, rows)
     128x128   float32 scales (ceil(rows/128), ceil(K/128)), the K dimension padded to a multiple
