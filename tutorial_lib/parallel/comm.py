@@ -40,8 +40,10 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "column_input",
+    "row_bias",
+    "row_output",
     "on_rank0",
-    "on_rank0_2d",
     "CopyToTensorParallel",
     "ReduceFromTensorParallel",
     "GatherFromSequenceParallel",
@@ -293,18 +295,24 @@ def on_rank0(group: Group, write: Callable[[], object]) -> None:
         raise RuntimeError(f"Rank 0 failed to write the checkpoint: {error[0]}")
 
 
-def on_rank0_2d(dp_group: Group, tp_group: Group, write: Callable[[], object]) -> None:
-    """``on_rank0`` on a (dp, tp) mesh that may be only some of the processes: rank 0 of
-    replica 0's TP group writes while that group waits (``on_rank0``), then each data-parallel
-    column hears from its replica-0 member whether it worked, so every rank of the job raises
-    if the write failed, and no rank outside the job is involved."""
-    error = [None]
-    if group_rank(dp_group) == 0:
-        try:
-            on_rank0(tp_group, write)
-        except RuntimeError as err:
-            error[0] = str(err)  # type: ignore[call-overload]
-    if dp_group is not None and dist.is_initialized():
-        dist.broadcast_object_list(error, src=dist.get_global_rank(dp_group, 0), group=dp_group)
-    if error[0] is not None:
-        raise RuntimeError(error[0])
+# ---- the wiring around a column- or row-parallel layer (plain or FP8: tp_linear, tp_fp8) ------
+def column_input(x: torch.Tensor, group: Group, sequence_parallel: bool) -> torch.Tensor:
+    """What a column-parallel layer multiplies: ``f(x)``, or under sequence parallelism the
+    whole sequence gathered from every rank's slice (reduce-scatter in backward)."""
+    return gather_from_sp(x, group, dim=1) if sequence_parallel else copy_to_tp(x, group)
+
+
+def row_output(y: torch.Tensor, group: Group, sequence_parallel: bool) -> torch.Tensor:
+    """A row-parallel layer's partial sums, summed: ``g(y)``, or under sequence parallelism
+    summed and cut to this rank's slice of the sequence (reduce-scatter)."""
+    return scatter_to_sp(y, group, dim=1) if sequence_parallel else reduce_from_tp(y, group)
+
+
+def row_bias(
+    y: torch.Tensor, bias: torch.Tensor | None, group: Group, sequence_parallel: bool
+) -> torch.Tensor:
+    """The replicated bias, added once after the sum. On a sequence slice each rank sees only
+    its tokens, so the bias enters through ``f``: its gradient is summed over the ranks."""
+    if bias is None:
+        return y
+    return y + (copy_to_tp(bias, group) if sequence_parallel else bias)

@@ -31,14 +31,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..fp8.linear import FP8Linear
-from .comm import Group
+from .comm import Group, column_input, row_bias, row_output
 from .shard import UnitSpec
-from .tp_linear import ColumnParallelLinear, RowParallelLinear, column_input, row_bias, row_output
 
-__all__ = ["FP8ColumnParallelLinear", "FP8RowParallelLinear", "fp8_parallel_linear"]
+__all__ = [
+    "FP8_VARIANTS",
+    "FP8ColumnParallelLinear",
+    "FP8RowParallelLinear",
+    "fp8_parallel_linear",
+]
 
 
 class _FP8Sharded(FP8Linear):
@@ -70,19 +73,20 @@ class FP8RowParallelLinear(_FP8Sharded):
         return row_bias(y, self.bias, self.group, self.sequence_parallel)
 
 
-def fp8_parallel_linear(layer: nn.Module, **fp8_kwargs: Any) -> FP8Linear:
-    """The FP8 variant of a ``ColumnParallelLinear`` or ``RowParallelLinear``, holding its
+# The FP8 variant of each parallel layer (``tp_linear``'s classes, by name: ``to_fp8``).
+FP8_VARIANTS: dict[str, type[_FP8Sharded]] = {
+    "ColumnParallelLinear": FP8ColumnParallelLinear,
+    "RowParallelLinear": FP8RowParallelLinear,
+}
+
+
+def fp8_parallel_linear(layer: Any, cls: type[_FP8Sharded], **fp8_kwargs: Any) -> FP8Linear:
+    """``cls``, the FP8 variant of the column- or row-parallel ``layer``, holding its
     Parameters (no copy), its group and its units."""
-    if isinstance(layer, ColumnParallelLinear):
-        cls: type[_FP8Sharded] = FP8ColumnParallelLinear
-    elif isinstance(layer, RowParallelLinear):
-        cls = FP8RowParallelLinear
-    else:
-        raise TypeError(f"No FP8 tensor-parallel variant of {type(layer).__name__}.")
     out_features, in_features = layer.weight.shape  # the local shapes
     new = cls(in_features, out_features, bias=layer.bias is not None, device="meta", **fp8_kwargs)
     new.weight = layer.weight
-    new.bias = layer.bias  # type: ignore[assignment]
+    new.bias = layer.bias
     new.group, new.unit_spec = layer.group, layer.unit_spec
     new.units, new.total_units = layer.units, layer.total_units
     new.sequence_parallel = bool(getattr(layer, "sequence_parallel", False))

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .comm import Group, copy_to_tp, gather_from_sp, reduce_from_tp, scatter_to_sp
+from .comm import Group, column_input, row_bias, row_output
 from .shard import UnitSpec, global_index
 
 __all__ = [
@@ -58,31 +58,10 @@ class _ShardedLinear(nn.Module):
     def to_fp8(self, **fp8_kwargs: Any) -> nn.Module:
         """This layer's FP8 variant, holding the same Parameters (``fp8.convert_to_fp8`` calls
         it for every module that has it): its local GEMM in FP8, the collectives unchanged."""
-        from .tp_fp8 import fp8_parallel_linear
+        from . import tp_fp8
 
-        return fp8_parallel_linear(self, **fp8_kwargs)
-
-
-def column_input(x: torch.Tensor, group: Group, sequence_parallel: bool) -> torch.Tensor:
-    """What a column-parallel layer multiplies: ``f(x)``, or under sequence parallelism the
-    whole sequence gathered from every rank's slice (reduce-scatter in backward)."""
-    return gather_from_sp(x, group, dim=1) if sequence_parallel else copy_to_tp(x, group)
-
-
-def row_output(y: torch.Tensor, group: Group, sequence_parallel: bool) -> torch.Tensor:
-    """A row-parallel layer's partial sums, summed: ``g(y)``, or under sequence parallelism
-    summed and cut to this rank's slice of the sequence (reduce-scatter)."""
-    return scatter_to_sp(y, group, dim=1) if sequence_parallel else reduce_from_tp(y, group)
-
-
-def row_bias(
-    y: torch.Tensor, bias: torch.Tensor | None, group: Group, sequence_parallel: bool
-) -> torch.Tensor:
-    """The replicated bias, added once after the sum. On a sequence slice each rank sees only
-    its tokens, so the bias enters through ``f``: its gradient is summed over the ranks."""
-    if bias is None:
-        return y
-    return y + (copy_to_tp(bias, group) if sequence_parallel else bias)
+        variant = tp_fp8.FP8_VARIANTS[type(self).__name__]
+        return tp_fp8.fp8_parallel_linear(self, variant, **fp8_kwargs)
 
 
 class ColumnParallelLinear(_ShardedLinear):
