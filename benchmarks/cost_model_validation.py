@@ -21,9 +21,12 @@ from pathlib import Path
 import torch
 
 from tutorial_lib.bench import environment_stamp, write_and_print
-from tutorial_lib.cluster.validation import (
+from tutorial_lib.cluster.gemm_model import (
     A100_GEMM_CEILING,
     A100_GEMM_TILE,
+    HOPPER_GEMM_CEILING,
+)
+from tutorial_lib.cluster.validation import (
     CALIBRATION_RUNS,
     gemm_validation_table,
     validation_summary,
@@ -31,7 +34,6 @@ from tutorial_lib.cluster.validation import (
 from tutorial_lib.cluster.validation_hopper import (
     H100_ASSUMED,
     HOPPER_CALIBRATION_RUNS,
-    HOPPER_GEMM_CEILING,
     hopper_validation_summary,
     hopper_validation_table,
 )

@@ -13,7 +13,9 @@ import pytest
 from tutorial_lib.cluster.collectives import allreduce_time, best_allreduce
 from tutorial_lib.cluster.cost_terms import iteration_time, training_flops
 from tutorial_lib.cluster.gemm_model import (
+    A100_GEMM_CEILING,
     H200_BF16_8192_TFLOPS,
+    HOPPER_GEMM_CEILING,
     Gemm,
     GemmModel,
     gemm_compute_time,
@@ -22,9 +24,9 @@ from tutorial_lib.cluster.gemm_model import (
     layer_gemms,
     logit_gemms,
 )
+from tutorial_lib.cluster.plan_options import option_table
 from tutorial_lib.cluster.specs import CLUSTERS, ModelSpec, ParallelConfig
 from tutorial_lib.cluster.validation import (
-    A100_GEMM_CEILING,
     CALIBRATION_RUNS,
     PUBLISHED_RUNS,
     calibrate_gemm_ceiling,
@@ -33,7 +35,6 @@ from tutorial_lib.cluster.validation import (
 )
 from tutorial_lib.cluster.validation_hopper import (
     HOPPER_CALIBRATION_RUNS,
-    HOPPER_GEMM_CEILING,
     MEGATRON_CORE_H100,
     calibrate_hopper_ceiling,
     hopper_setup,
@@ -257,7 +258,7 @@ def test_the_planner_times_gemms_from_their_shapes() -> None:
     for split, kept in (("whole", 6), ("even", 7)):  # the same decisions as one efficiency
         for kwargs in ({}, {"compute_efficiency": 0.6}):
             j = TrainingJob.paper(shard_split=split, **kwargs)  # type: ignore[arg-type]
-            assert j.table(30, "ntp")["batch"][1] == kept, (split, kwargs)
+            assert option_table(j, 30, "ntp")["batch"][1] == kept, (split, kwargs)
     with pytest.raises(ValueError, match="not both"):
         TrainingJob.paper(gemm=gm, compute_efficiency=0.6)
 

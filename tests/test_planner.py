@@ -35,7 +35,7 @@ from tutorial_lib.cluster.monte_carlo import (
     throughput_samples,
 )
 from tutorial_lib.cluster.packing import relative_throughput, slot_failures
-from tutorial_lib.cluster.plan_options import PLAN_POLICIES
+from tutorial_lib.cluster.plan_options import PLAN_POLICIES, option_table
 from tutorial_lib.cluster.plans import plan_cluster
 from tutorial_lib.cluster.replica_cost import PowerBoost, TrainingJob
 from tutorial_lib.cluster.report import format_report
@@ -219,7 +219,13 @@ def test_dead_groups_and_fallback_to_dp_drop() -> None:
         assert p.dead_slots == (0,)
         assert p.chosen == ("dp-drop", 4)  # 14 healthy groups make 7 replicas; NTP makes 6 + 1
     only_two = dataclasses.replace(JOB, reduced_tps=(2,))
-    assert list(only_two.table(2, "ntp")["tp"]) == [4, 2, 2, 0, 0]  # 3 is not allowed: run at 2
+    assert list(option_table(only_two, 2, "ntp")["tp"]) == [
+        4,
+        2,
+        2,
+        0,
+        0,
+    ]  # 3 is not allowed: run at 2
     assert plan_cluster(only_two, [0, 1, 2], "ntp").dead_slots == (0,)
 
 
@@ -246,10 +252,10 @@ def test_paper_job_degrees_and_power() -> None:
         8,
         (28, 30),
     )
-    pw = job.table(28, "ntp-pw")
+    pw = option_table(job, 28, "ntp-pw")
     assert list(pw["tp"][:6]) == [32, 30, 30, 28, 28, 0]  # 5 failures: more than TP28 allows
     assert all(pw["batch"][:5] == 8) and all(1.0 < pw["speed"][1:5]) and max(pw["speed"]) < 1.3**0.7
-    assert all(job.table(28, "ntp")["batch"][1:5] < 8)
+    assert all(option_table(job, 28, "ntp")["batch"][1:5] < 8)
 
 
 # ---- spare domains on a hand-made trace ---------------------------------------------------------
@@ -263,7 +269,10 @@ def test_spare_domains_on_a_small_trace() -> None:
         cluster=cluster,
         par=ParallelConfig(tp=4, pp=2, dp=4, global_batch=16, overlap_dp_comm=True),
     )
-    assert job.table(3, "ntp")["batch"][1] == 3 and job.table(3, "ntp-pw")["batch"][1] == 4
+    assert (
+        option_table(job, 3, "ntp")["batch"][1] == 3
+        and option_table(job, 3, "ntp-pw")["batch"][1] == 4
+    )
     trace = FailureTrace(
         44,
         24.0,

@@ -13,6 +13,7 @@ import tutorial_lib.cluster as cluster
 from tutorial_lib.__main__ import main
 from tutorial_lib.cluster.failures import FailureModel, simulate_trace
 from tutorial_lib.cluster.monte_carlo import spare_domains
+from tutorial_lib.cluster.plan_options import option_table
 from tutorial_lib.cluster.replica_cost import SHARD_SPLITS, TrainingJob
 
 WHOLE, EVEN = TrainingJob.paper(), TrainingJob.paper(shard_split="even")
@@ -48,10 +49,10 @@ def test_default_is_whole_and_even_splits_the_work_evenly() -> None:
 )
 def test_sequences_a_degraded_replica_keeps(job: TrainingJob, tp30: list, tp28: list) -> None:
     # Per failures f = 0.. in the replica's worst TP group (paired at 30: at most 2 failures).
-    assert job.table(30, "ntp")["batch"][: len(tp30)].tolist() == tp30
-    assert job.table(28, "ntp")["batch"][: len(tp28)].tolist() == tp28
-    assert job.table(28, "ntp")["tp"][:5].tolist() == [32, 30, 30, 28, 28]
-    assert job.table(30, "ntp-pw")["batch"][1:3].tolist() == [8, 8]  # boosted: whole batch
+    assert option_table(job, 30, "ntp")["batch"][: len(tp30)].tolist() == tp30
+    assert option_table(job, 28, "ntp")["batch"][: len(tp28)].tolist() == tp28
+    assert option_table(job, 28, "ntp")["tp"][:5].tolist() == [32, 30, 30, 28, 28]
+    assert option_table(job, 30, "ntp-pw")["batch"][1:3].tolist() == [8, 8]  # boosted: whole batch
 
 
 def test_figure7_spare_domains_whole_24_even_16() -> None:

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from ..hardware import SPECS, DeviceSpec
 
 __all__ = [
+    "A100_GEMM_CEILING",
+    "A100_GEMM_TILE",
+    "HOPPER_GEMM_CEILING",
     "GemmModel",
     "Gemm",
     "H200_BF16_8192_TFLOPS",
@@ -206,6 +209,15 @@ def hopper_gemm_upper_bound() -> float:
     return H200_BF16_8192_TFLOPS * 1e12 / (h200.peak("bf16") * quantization)  # type: ignore[operator]
 
 
+# Calibrated ceilings (fraction of the datasheet peak a large GEMM reaches): fitted to A100 runs
+# with cuBLAS's large Ampere output tile, 256 x 128, the lowest error of 128 x 128, 128 x 256 and
+# 256 x 128 on the calibration rows (cluster.validation: calibrate_gemm_ceiling), and to
+# Megatron-Core's H100 runs (cluster.validation_hopper: calibrate_hopper_ceiling); tests
+# recompute both.
+A100_GEMM_TILE = (256, 128)
+A100_GEMM_CEILING = 0.695
+HOPPER_GEMM_CEILING = 0.680
+
 # SMs: A100 108 and H100 SXM 132 (NVIDIA's architecture whitepapers), H100 PCIe 114, H200 132
 # (the same GH100 die as H100 SXM), B200 148.
 _SMS = {"A100": 108, "H100 PCIe": 114, "H100 SXM": 132, "H200": 132, "B200": 148, "GB200": 148}
@@ -217,9 +229,6 @@ def gemm_model_for(gpu: DeviceSpec, ceiling: float | None = None) -> GemmModel:
     A100 runs (``cluster.validation``); every other GPU the ceiling fitted to Megatron-Core's
     H100 runs (``cluster.validation_hopper``), an assumption for Blackwell, whose published
     end-to-end runs we have not fitted."""
-    from .validation import A100_GEMM_CEILING, A100_GEMM_TILE
-    from .validation_hopper import HOPPER_GEMM_CEILING
-
     name = gpu.name
     sms = next((n for key, n in _SMS.items() if name.startswith(key)), None)
     if sms is None:

@@ -46,7 +46,7 @@ import numpy as np
 
 from .failures import FailureModel, FailureTrace
 from .packing import Best, best_plans
-from .plan_options import PLAN_POLICIES
+from .plan_options import PLAN_POLICIES, option_table
 from .replica_cost import TrainingJob
 
 __all__ = [
@@ -252,7 +252,9 @@ def _lowest_degrees(job: TrainingJob, best: Best) -> np.ndarray:
         lead = best.leaders[s]
         running = (ev.batches[s] > 0) & (lead > 0)
         if running.any():
-            out[s] = job.table(ev.candidate.core, ev.candidate.policy)["tp"][lead[running]].min()
+            out[s] = option_table(job, ev.candidate.core, ev.candidate.policy)["tp"][
+                lead[running]
+            ].min()
     return out
 
 

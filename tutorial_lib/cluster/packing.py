@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .plan_options import PLAN_POLICIES
+from .plan_options import PLAN_POLICIES, option_table
 from .replica_cost import TrainingJob
 
 __all__ = [
@@ -119,7 +119,7 @@ def evaluate(
         batches = (np.arange(leaders.shape[1]) < n_rep[:, None]) * b
         time = np.full(len(n_rep), job.pace(t))
     else:
-        tab = job.table(cand.core, cand.policy)
+        tab = option_table(job, cand.core, cand.policy)
         lead = np.clip(leaders, 0, t)
         batches = np.where(leaders >= 0, tab["batch"][lead], 0)
         own = np.where(batches > 0, tab["time"][lead], 0.0)

@@ -1,6 +1,6 @@
 """What a degraded replica may run under each policy: the largest local batch that keeps pace with
 a healthy replica, the speed-up (power boost) that would let it keep its whole batch, and the
-table ``TrainingJob.table`` returns, by failures in the replica's worst TP group.
+table ``option_table`` returns, by failures in the replica's worst TP group.
 
 ``PLAN_POLICIES`` are the policies of ``cluster.plans`` (its docstring describes them):
 ``dp-drop``, ``ntp`` and ``ntp-pw``.
@@ -9,12 +9,11 @@ table ``TrainingJob.table`` returns, by failures in the replica's worst TP group
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .replica_cost import TrainingJob
+from .replica_cost import TrainingJob
 
 __all__ = [
     "PLAN_POLICIES",
@@ -76,6 +75,13 @@ def replica_option(job: TrainingJob, tp: int, core: int, pw: bool) -> ReplicaOpt
 
 
 def option_table(job: TrainingJob, core: int, policy: str) -> dict[str, np.ndarray]:
+    """Per failure count f = 0..t of a replica's worst group, under a job pairing at ``core``:
+    ``tp`` (0: cannot run), ``batch``, ``speed``, ``time`` (own step time without DP); computed
+    once per job (``TrainingJob.cached``)."""
+    return job.cached(("option_table", core, policy), lambda: _option_table(job, core, policy))
+
+
+def _option_table(job: TrainingJob, core: int, policy: str) -> dict[str, np.ndarray]:
     """Per failure count f = 0..t of a replica's worst group, under a job pairing at ``core``:
     ``tp`` (0: cannot run), ``batch``, ``speed``, ``time`` (own step time without DP). Among the
     degrees a group with f failures can run, the largest batch wins, then the least power (with

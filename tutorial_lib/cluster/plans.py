@@ -60,6 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .packing import Candidate, best_plans, slot_failures
+from .plan_options import option_table
 from .replica_cost import TrainingJob
 
 __all__ = ["ReplicaAssignment", "ClusterPlan", "plan_cluster"]
@@ -140,11 +141,11 @@ def plan_cluster(job: TrainingJob, failed: np.ndarray, policy: str) -> ClusterPl
     t, pp = job.base_tp, job.par.pp
     if cand.policy == "dp-drop":
         groups = np.flatnonzero(counts == 0)[: int((batches[0] > 0).sum()) * pp].reshape(-1, pp)
-        tab, lead = job.table(t, "ntp"), np.zeros(len(groups), np.int64)
+        tab, lead = option_table(job, t, "ntp"), np.zeros(len(groups), np.int64)
     else:
         keep = np.flatnonzero(batches[0] > 0)
         groups = best.order[0][: best.leaders.shape[1] * pp].reshape(-1, pp)[keep]
-        tab, lead = job.table(cand.core, cand.policy), best.leaders[0][keep]
+        tab, lead = option_table(job, cand.core, cand.policy), best.leaders[0][keep]
     healthy_time = job.pace(t) + job.dp_comm(t, job.par.dp)
     dp = job.dp_comm(cand.core, len(groups))
     step_time = float(won.time[0])

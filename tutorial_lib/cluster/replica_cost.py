@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
-
 from ..checks import check_int
 from ..flops import TRAIN_MULTIPLIER, layer_training_flops, lm_head_flops
 from ..hardware import SPECS
@@ -38,7 +36,6 @@ from .cost_terms import (
     training_flops,
 )
 from .gemm_model import GemmModel, gemm_compute_time, gemm_model_for
-from .plan_options import option_table
 from .specs import ClusterSpec, ModelSpec, ParallelConfig
 
 __all__ = [
@@ -60,10 +57,7 @@ def _memo(fn: _F) -> _F:
 
     @functools.wraps(fn)
     def wrapper(self: TrainingJob, *args: Any) -> Any:
-        key = (fn.__name__, *args)
-        if key not in self._cache:
-            self._cache[key] = fn(self, *args)
-        return self._cache[key]
+        return self.cached((fn.__name__, *args), lambda: fn(self, *args))
 
     return wrapper  # type: ignore[return-value]
 
@@ -135,6 +129,12 @@ class TrainingJob:
     _cache: dict[tuple[Any, ...], Any] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+
+    def cached(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per ``key`` for this job (step times, ``option_table``)."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
 
     def __post_init__(self) -> None:
         c, p, t = self.cluster, self.par, self.par.tp
@@ -318,13 +318,6 @@ class TrainingJob:
         x = sum(self.per_microbatch(self.par.tp).values())
         steps = self.local_batch // self.par.micro_batch + self.par.pp - 1
         return x * steps + self.fixed_time(self.par.tp, core)
-
-    @_memo
-    def table(self, core: int, policy: str) -> dict[str, np.ndarray]:
-        """Per failure count f = 0..t of a replica's worst group, under a job pairing at ``core``:
-        ``tp`` (0: cannot run), ``batch``, ``speed``, ``time`` (own step time without DP). Built
-        by ``plan_options.option_table``."""
-        return option_table(self, core, policy)
 
 
 def paper_parallel(tp: int, pp: int, dp: int, local_batch: int) -> ParallelConfig:

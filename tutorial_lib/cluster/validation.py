@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .cost_terms import iteration_time, tflops_per_gpu, training_flops
-from .gemm_model import GemmModel
+from .gemm_model import A100_GEMM_CEILING, A100_GEMM_TILE, GemmModel
 from .specs import CLUSTERS, ClusterSpec, ModelSpec, ParallelConfig
 
 __all__ = [
@@ -34,8 +34,6 @@ __all__ = [
     "validation_table",
     "PublishedRun",
     "PUBLISHED_RUNS",
-    "A100_GEMM_CEILING",
-    "A100_GEMM_TILE",
     "CALIBRATION_RUNS",
     "calibrate_gemm_ceiling",
     "golden_min",
@@ -275,10 +273,8 @@ def _published_runs() -> tuple[PublishedRun, ...]:
 
 PUBLISHED_RUNS: tuple[PublishedRun, ...] = _published_runs()
 CALIBRATION_RUNS = tuple(f"T1 {MEGATRON_2021_TABLE1[i].params_b:g}B" for i in CALIBRATION_ROWS)
-# Of 128 x 128, 128 x 256 and 256 x 128 output tiles, 256 x 128 (cuBLAS's large Ampere tile)
-# gave the lowest error on the calibration rows; a test recomputes the ceiling.
-A100_GEMM_TILE = (256, 128)
-A100_GEMM_CEILING = 0.695  # calibrate_gemm_ceiling(), rounded
+# The A100's tile and ceiling (gemm_model.A100_GEMM_TILE, A100_GEMM_CEILING) were chosen on the
+# calibration rows above; a test recomputes them with calibrate_gemm_ceiling().
 
 
 def _a100_gemm(ceiling: float) -> GemmModel:
