@@ -315,7 +315,7 @@ def block_power_of_two_by_log2(
 
 
 @triton.jit
-def _gelu_without_bias_kernel(x_ptr: Any, y_ptr: Any, N: Any, BLOCK_N: tl.constexpr) -> None:
+def gelu_without_bias_kernel(x_ptr: Any, y_ptr: Any, N: Any, BLOCK_N: tl.constexpr) -> None:
     cols = tl.arange(0, BLOCK_N)
     offsets = tl.program_id(0) * N + cols
     h = tl.load(x_ptr + offsets, mask=cols < N, other=0.0).to(tl.float32)
@@ -325,7 +325,7 @@ def _gelu_without_bias_kernel(x_ptr: Any, y_ptr: Any, N: Any, BLOCK_N: tl.conste
 
 def gelu_forgets_the_bias(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(x)
-    _gelu_without_bias_kernel[(x.shape[0],)](
+    gelu_without_bias_kernel[(x.shape[0],)](
         x, y, x.shape[1], BLOCK_N=triton.next_power_of_2(x.shape[1])
     )
     return y

@@ -547,11 +547,11 @@ def test_the_launchers_pick_the_chunked_kernels_only_above_the_cap(
     monkeypatch.setattr(runtime, "MAX_ROW_BLOCK", SMALL_CAP)
     spies = {}
     for module, name in [
-        (layernorm_module, "_layer_norm_fwd_chunked_kernel"),
-        (softmax_mod, "_softmax_fwd_chunked_kernel"),
-        (softmax_mod, "_softmax_bwd_chunked_kernel"),
-        (wide_rows, "_layer_norm_bwd_row_means_kernel"),
-        (wide_rows, "_layer_norm_bwd_chunked_kernel"),
+        (layernorm_module, "layer_norm_fwd_chunked_kernel"),
+        (softmax_mod, "softmax_fwd_chunked_kernel"),
+        (softmax_mod, "softmax_bwd_chunked_kernel"),
+        (wide_rows, "layer_norm_bwd_row_means_kernel"),
+        (wide_rows, "layer_norm_bwd_chunked_kernel"),
     ]:
         spies[name] = _LaunchSpy(getattr(module, name))
         monkeypatch.setattr(module, name, spies[name])
@@ -695,7 +695,7 @@ def test_interpreter_works_when_triton_was_imported_first() -> None:
 
 def test_kernel_sources_are_printable() -> None:
     """The book prints kernels with inspect.getsource; the jit wrapper keeps the function."""
-    kernel = layernorm_module._layer_norm_fwd_kernel
+    kernel = layernorm_module.layer_norm_fwd_kernel
     source = inspect.getsource(kernel.fn)
     assert source.lstrip().startswith("@triton.jit") and "tl.load" in source
 

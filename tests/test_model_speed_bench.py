@@ -51,3 +51,16 @@ def test_benchmark_builds_every_model_from_the_same_weights(
     for name, m in models.items():
         for p, q in zip(first.parameters(), m.parameters(), strict=True):
             assert torch.equal(p, q), name
+
+
+def test_the_newest_record_is_no_slower_than_the_reference_at_equal_work() -> None:
+    """Issue 33's target: our GPT's step at most 1.00x the minimal reference's, paired in one
+    run, at equal work (the same GELU: ours against ``ref-tanh``, ours with the exact GELU
+    against ``ref-erf``, nanoGPT's choice), with the AdamW the Trainer uses."""
+    from tutorial_lib.bench import load_results
+
+    records = load_results("model_speed")
+    assert records, "No model_speed record: run benchmarks/model_speed.py."
+    rows = {(r["model"], r["adamw"]): r for r in records[0]["rows"]}
+    assert rows[("ours", "fused")]["vs_ref-tanh"] <= 1.0
+    assert rows[("ours-erf", "fused")]["vs_ref-erf"] <= 1.0

@@ -32,7 +32,7 @@ CORE = {
         "tutorial_lib.fp8.linear_function:FP8LinearFunction",
     ],
     "06": ["tutorial_lib.fp8.linear_function:RecipeOperands", "tutorial_lib.fp8.recipes:NVFP4"],
-    "07": ["tutorial_lib.kernels.bias_gelu:_bias_gelu_fwd_kernel"],
+    "07": ["tutorial_lib.kernels.bias_gelu:bias_gelu_fwd_kernel"],
     "08": ["tutorial_lib.bench.ladder:ladder_rungs"],
     "09": ["tutorial_lib.parallel.mesh:local_rows", "tutorial_lib.parallel.dp:shard_with_fsdp"],
     "10": [
@@ -59,6 +59,12 @@ def test_each_chapter_shows_its_core_code_and_it_is_current(path: Path) -> None:
     before = copy.deepcopy(nb)
     assert ss.sync(nb) == [], f"{path.name} shows old code: run `make sync`"
     assert nb == before
+    private = [s for s in shown if any(_is_private(p) for p in s.partition(":")[2].split("."))]
+    assert private == [], f"{path.name} shows private names; the book reads what is public"
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
 def test_render_copies_the_object_with_a_link_to_its_lines() -> None:
@@ -80,8 +86,8 @@ def test_methods_are_dedented_and_docstrings_can_be_left_out() -> None:
 
 
 def test_a_triton_kernel_shows_its_python_function() -> None:
-    text = ss.render(["tutorial_lib.kernels.bias_gelu:_gelu_tanh"], base="u")
-    assert "@triton.jit\ndef _gelu_tanh(" in text
+    text = ss.render(["tutorial_lib.kernels.bias_gelu:gelu_tanh"], base="u")
+    assert "@triton.jit\ndef gelu_tanh(" in text
 
 
 def test_sync_rewrites_a_stale_cell_and_check_mode_reports_it(tmp_path: Path) -> None:

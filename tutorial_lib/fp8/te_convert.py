@@ -5,7 +5,7 @@
     - ``convert_to_te``: swaps the ``nn.Linear``/``nn.LayerNorm`` layers of an existing model
       for TE modules with the same weights (the tied embedding/LM head stays as it is); with
       ``fused=True`` it also merges each block's LayerNorms into the layers they feed
-      (``te.LayerNormLinear``, ``te.LayerNormMLP``, see ``_fuse_blocks``).
+      (``te.LayerNormLinear``, ``te.LayerNormMLP``, see ``fuse_blocks``).
 
 Importing this module never imports TE (``te_contract.import_te`` does, when a function needs
 it); every TE call here is declared in ``te_contract.TE_API_USED``.
@@ -183,7 +183,7 @@ def convert_to_te(
             + ". Pick n_embd as a multiple of 16 (e.g. GPTConfig.from_name('tiny'))."
         )
     if fused:
-        _fuse_blocks(te, model, device)
+        fuse_blocks(te, model, device)
     linears = {id(m): m for _, m in convertible_linears(model)}
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
@@ -256,7 +256,7 @@ def _part(module: nn.Module, path: str, kind: type[_M]) -> _M:
     return part
 
 
-def _fuse_blocks(te: ModuleType, model: nn.Module, device: torch.device | str | None) -> None:
+def fuse_blocks(te: ModuleType, model: nn.Module, device: torch.device | str | None) -> None:
     blocks = [(name, m) for name, m in model.named_modules() if isinstance(m, Block)]
     problems = [p for name, block in blocks for p in _fusion_problems(name, block)]
     if not blocks or problems:

@@ -20,13 +20,13 @@ are never loaded.
 
 **Backward** (as FlashAttention-2 organises it). Nothing of P was kept: each key block
 recomputes ``P = exp(Q K^T / sqrt(D) - L)`` from Q, K and the stored L. With
-``delta = rowsum(dO * O)`` (one pass, ``_attn_delta_kernel``)::
+``delta = rowsum(dO * O)`` (one pass, ``attn_delta_kernel``)::
 
     dV = P^T dO        dP = dO V^T        dS = P * (dP - delta)        dK = dS^T Q / sqrt(D)
     dQ = dS K / sqrt(D)
 
-``_attn_bwd_dkdv_kernel`` gives each program a key block and loops over the query blocks that
-see it (dK and dV accumulate in registers); ``_attn_bwd_dq_kernel`` gives each program a query
+``attn_bwd_dkdv_kernel`` gives each program a key block and loops over the query blocks that
+see it (dK and dV accumulate in registers); ``attn_bwd_dq_kernel`` gives each program a query
 block and loops over the key blocks it sees. Both recompute P (and dO V^T), so the backward
 reads Q, K, V, O, dO and L and never holds more than a (BLOCK_M, BLOCK_N) tile of P. That is
 the price: 7 tile GEMMs where the forward does 2 (3.5x its FLOPs, against 2x for a backward
@@ -66,7 +66,7 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, causal: bool = True) ->
 
 
 @triton.jit
-def _attn_fwd_kernel(
+def attn_fwd_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -134,7 +134,7 @@ def _attn_fwd_kernel(
 
 
 @triton.jit
-def _attn_delta_kernel(
+def attn_delta_kernel(
     o_ptr,
     do_ptr,
     delta_ptr,
@@ -180,7 +180,7 @@ def _probs_and_dscores(
 
 
 @triton.jit
-def _attn_bwd_dkdv_kernel(
+def attn_bwd_dkdv_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -235,7 +235,7 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _attn_bwd_dq_kernel(
+def attn_bwd_dq_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -332,7 +332,7 @@ def flash_attention_forward(
     o = torch.empty_like(q)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     size, block_d = _blocks(T, D, block)
-    _attn_fwd_kernel[(cdiv(T, size), B * H)](
+    attn_fwd_kernel[(cdiv(T, size), B * H)](
         q, k, v, o, lse, T, D, 1.0 / math.sqrt(D),
         CAUSAL=causal, F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
     )  # fmt: skip
@@ -356,15 +356,15 @@ def flash_attention_backward(
     size, block_d = _blocks(T, D, block)
     delta = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     rows = B * H * T
-    _attn_delta_kernel[(cdiv(rows, 64),)](o, do, delta, rows, D, BLOCK=64, BLOCK_D=block_d)
+    attn_delta_kernel[(cdiv(rows, 64),)](o, do, delta, rows, D, BLOCK=64, BLOCK_D=block_d)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     scale = 1.0 / math.sqrt(D)
     grid = (cdiv(T, size), B * H)
-    _attn_bwd_dkdv_kernel[grid](
+    attn_bwd_dkdv_kernel[grid](
         q, k, v, do, lse, delta, dk, dv, T, D, scale,
         CAUSAL=causal, F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
     )  # fmt: skip
-    _attn_bwd_dq_kernel[grid](
+    attn_bwd_dq_kernel[grid](
         q, k, v, do, lse, delta, dq, T, D, scale,
         CAUSAL=causal, F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
     )  # fmt: skip

@@ -43,7 +43,7 @@ def bias_gelu_reference(x: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 @triton.jit
-def _gelu_tanh(h):
+def gelu_tanh(h):
     """GELU(h) and tanh(u) for a float32 tile ``h`` (the backward reuses tanh(u))."""
     u = 0.7978845608028654 * (h + 0.044715 * h * h * h)  # sqrt(2/pi) * (h + 0.044715 h^3)
     # tanh from exp(-2|u|) <= 1: unlike (e^2u - 1) / (e^2u + 1), it cannot overflow.
@@ -53,7 +53,7 @@ def _gelu_tanh(h):
 
 
 @triton.jit
-def _bias_gelu_fwd_kernel(
+def bias_gelu_fwd_kernel(
     x_ptr,
     bias_ptr,
     y_ptr,
@@ -72,12 +72,12 @@ def _bias_gelu_fwd_kernel(
     h = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)  # HBM read: x, once
     if HAS_BIAS:  # one bias row per program, broadcast over its BLOCK_M rows
         h += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    y, _ = _gelu_tanh(h)  # h never touches HBM
+    y, _ = gelu_tanh(h)  # h never touches HBM
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)  # HBM write: y, once
 
 
 @triton.jit
-def _bias_gelu_bwd_kernel(
+def bias_gelu_bwd_kernel(
     dy_ptr,
     x_ptr,
     bias_ptr,
@@ -99,7 +99,7 @@ def _bias_gelu_bwd_kernel(
     if HAS_BIAS:
         h += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)  # read dy
-    _, tanh_u = _gelu_tanh(h)
+    _, tanh_u = gelu_tanh(h)
     du_dh = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * h * h)
     gelu_grad = 0.5 * (1.0 + tanh_u) + 0.5 * h * (1.0 - tanh_u * tanh_u) * du_dh
     dx = dy * gelu_grad  # 0 where masked, because dy was loaded as 0 there
@@ -111,7 +111,7 @@ def _bias_gelu_bwd_kernel(
         tl.store(dbias_partial_ptr + pid_m * N + cols, tl.sum(dx, axis=0), mask=cols < N)
 
 
-def _grid_and_blocks(M: int, N: int, block_m: int | None) -> tuple[tuple[int, int], int, int, int]:
+def grid_and_blocks(M: int, N: int, block_m: int | None) -> tuple[tuple[int, int], int, int, int]:
     """A 2-D grid of (row tiles, column tiles). Elementwise work needs no whole rows, so the
     column tile is capped at 4096 and wide matrices get several programs per row tile."""
     block_n = min(next_power_of_2(N), 4096)
@@ -133,9 +133,9 @@ def bias_gelu_forward(
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias_gelu: bias must have shape ({N},), got {tuple(bias.shape)}")
     y = output_buffer(out, x.shape, x.dtype, x.device, "bias_gelu out")
-    grid, bm, bn, warps = _grid_and_blocks(M, N, block_m)
+    grid, bm, bn, warps = grid_and_blocks(M, N, block_m)
     b = bias.contiguous() if bias is not None else x2  # a dummy pointer when there is no bias
-    _bias_gelu_fwd_kernel[grid](
+    bias_gelu_fwd_kernel[grid](
         x2, b, y, M, N, HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps
     )
     return y
@@ -156,11 +156,11 @@ def bias_gelu_backward(
     x2, dy2 = as_rows(x), as_rows(dy)
     M, N = x2.shape
     dx = output_buffer(dx_out, x.shape, x.dtype, x.device, "bias_gelu dx_out")
-    grid, bm, bn, warps = _grid_and_blocks(M, N, block_m)
+    grid, bm, bn, warps = grid_and_blocks(M, N, block_m)
     # Dummy pointers (x2) stand in for the bias and the partial sums when there is no bias.
     b = bias.contiguous() if bias is not None else x2
     partial = torch.empty(grid[0], N, device=x.device) if bias is not None else x2
-    _bias_gelu_bwd_kernel[grid](
+    bias_gelu_bwd_kernel[grid](
         dy2,
         x2,
         b,

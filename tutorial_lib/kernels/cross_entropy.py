@@ -70,7 +70,7 @@ def _check_targets(targets: Tensor, M: int, V: int, ignore_index: int) -> None:
 
 
 @triton.jit
-def _cross_entropy_fwd_kernel(
+def cross_entropy_fwd_kernel(
     logits_ptr,
     targets_ptr,
     lse_ptr,
@@ -112,7 +112,7 @@ def _cross_entropy_fwd_kernel(
 
 
 @triton.jit
-def _cross_entropy_bwd_kernel(
+def cross_entropy_bwd_kernel(
     logits_ptr,
     targets_ptr,
     lse_ptr,
@@ -178,7 +178,7 @@ def cross_entropy_forward(
     lse = output_buffer(lse_out, (M,), torch.float32, logits.device, "cross_entropy lse_out")
     losses = output_buffer(loss_out, (M,), torch.float32, logits.device, "cross_entropy loss_out")
     bv, bm, warps = _blocks(M, V, block_v, block_m)
-    _cross_entropy_fwd_kernel[(cdiv(M, bm),)](
+    cross_entropy_fwd_kernel[(cdiv(M, bm),)](
         logits,
         targets,
         lse,
@@ -221,7 +221,7 @@ def cross_entropy_backward(
     scale = (grad.float() / n_valid.clamp(min=1)).reshape(1)  # stays on the device
     dx = output_buffer(dx_out, (M, V), logits.dtype, logits.device, "cross_entropy dx_out")
     bv, bm, warps = _blocks(M, V, block_v, block_m)
-    _cross_entropy_bwd_kernel[(cdiv(M, bm),)](
+    cross_entropy_bwd_kernel[(cdiv(M, bm),)](
         logits,
         targets,
         lse,

@@ -44,7 +44,7 @@ from .runtime import (
     tl,
     triton,
 )
-from .wide_rows import _layer_norm_fwd_chunked_kernel, layer_norm_backward_chunked
+from .wide_rows import layer_norm_backward_chunked, layer_norm_fwd_chunked_kernel
 
 Tensor = torch.Tensor
 
@@ -68,7 +68,7 @@ def add_layer_norm_reference(
 
 
 @triton.jit
-def _layer_norm_fwd_kernel(
+def layer_norm_fwd_kernel(
     x_ptr,
     res_ptr,
     s_ptr,
@@ -114,7 +114,7 @@ def _layer_norm_fwd_kernel(
 
 
 @triton.jit
-def _layer_norm_bwd_kernel(
+def layer_norm_bwd_kernel(
     dy_ptr,
     x_ptr,
     w_ptr,
@@ -165,7 +165,7 @@ def _layer_norm_bwd_kernel(
 
 
 @triton.jit
-def _sum_partials_kernel(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+def sum_partials_kernel(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     # Stage two of the reduction: this program owns BLOCK_N columns and adds up all P rows.
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_P, BLOCK_N), tl.float32)
@@ -182,7 +182,7 @@ def sum_partials(partials: Tensor, dtype: torch.dtype) -> Tensor:
     out = torch.empty(N, dtype=dtype, device=partials.device)
     block_n = min(next_power_of_2(N), 256)
     block_p = min(next_power_of_2(P), 32)
-    _sum_partials_kernel[(cdiv(N, block_n),)](partials, out, P, N, BLOCK_P=block_p, BLOCK_N=block_n)
+    sum_partials_kernel[(cdiv(N, block_n),)](partials, out, P, N, BLOCK_P=block_p, BLOCK_N=block_n)
     return out
 
 
@@ -229,7 +229,7 @@ def _forward(
     mean = torch.empty(M, dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     dummy = x2  # stands in for absent tensors; the constexpr flags keep it from being touched
-    kernel = _layer_norm_fwd_chunked_kernel if chunked else _layer_norm_fwd_kernel
+    kernel = layer_norm_fwd_chunked_kernel if chunked else layer_norm_fwd_kernel
     kernel[(cdiv(M, tile.block_m),)](
         x2,
         r2 if r2 is not None else dummy,
@@ -347,7 +347,7 @@ def layer_norm_backward(
     if chunked:
         layer_norm_backward_chunked(dy2, x2, w2, mean, rstd, ds2, dx, part_w, part_b, grid, flags)
     else:
-        _layer_norm_bwd_kernel[(grid,)](
+        layer_norm_bwd_kernel[(grid,)](
             dy2, x2, w2, mean, rstd, ds2, dx, part_w, part_b, M, N, **flags
         )
     dw = sum_partials(part_w, weight.dtype) if wanted and weight is not None else None

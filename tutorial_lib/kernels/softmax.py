@@ -35,7 +35,7 @@ from .runtime import (
     tl,
     triton,
 )
-from .wide_rows import _softmax_bwd_chunked_kernel, _softmax_fwd_chunked_kernel
+from .wide_rows import softmax_bwd_chunked_kernel, softmax_fwd_chunked_kernel
 
 Tensor = torch.Tensor
 
@@ -47,7 +47,7 @@ def softmax_reference(x: Tensor) -> Tensor:
 
 
 @triton.jit
-def _softmax_fwd_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def softmax_fwd_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -63,7 +63,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
-def _softmax_bwd_kernel(
+def softmax_bwd_kernel(
     dy_ptr,
     y_ptr,
     dx_ptr,
@@ -100,7 +100,7 @@ def softmax_forward(
     block_n, chunked = row_block(N, max_block_n)
     y = output_buffer(out, x.shape, x.dtype, x.device, "softmax out")
     tile = row_tile(M, block_n, block_m)
-    kernel = _softmax_fwd_chunked_kernel if chunked else _softmax_fwd_kernel
+    kernel = softmax_fwd_chunked_kernel if chunked else softmax_fwd_kernel
     kernel[(cdiv(M, tile.block_m),)](
         x2, y, M, N, BLOCK_M=tile.block_m, BLOCK_N=block_n, num_warps=tile.num_warps
     )
@@ -125,7 +125,7 @@ def softmax_backward(
     block_n, chunked = row_block(N, max_block_n)
     dx = output_buffer(dx_out, y.shape, y.dtype, y.device, "softmax dx_out")
     tile = row_tile(M, block_n, block_m)
-    kernel = _softmax_bwd_chunked_kernel if chunked else _softmax_bwd_kernel
+    kernel = softmax_bwd_chunked_kernel if chunked else softmax_bwd_kernel
     kernel[(cdiv(M, tile.block_m),)](
         dy2, y2, dx, M, N, BLOCK_M=tile.block_m, BLOCK_N=block_n, num_warps=tile.num_warps
     )

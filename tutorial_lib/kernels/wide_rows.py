@@ -47,7 +47,7 @@ def _sum_of_inputs(x_ptr, res_ptr, s_ptr, offsets, mask, HAS_RESIDUAL: tl.conste
 
 
 @triton.jit
-def _layer_norm_fwd_chunked_kernel(
+def layer_norm_fwd_chunked_kernel(
     x_ptr,
     res_ptr,
     s_ptr,
@@ -65,7 +65,7 @@ def _layer_norm_fwd_chunked_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # Same arguments as _layer_norm_fwd_kernel, but N > BLOCK_N: the row comes in chunks.
+    # Same arguments as layer_norm_fwd_kernel, but N > BLOCK_N: the row comes in chunks.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     row_start = rows.to(tl.int64) * N
@@ -106,7 +106,7 @@ def _layer_norm_fwd_chunked_kernel(
 
 
 @triton.jit
-def _layer_norm_bwd_row_means_kernel(
+def layer_norm_bwd_row_means_kernel(
     dy_ptr,
     x_ptr,
     w_ptr,
@@ -146,7 +146,7 @@ def _layer_norm_bwd_row_means_kernel(
 
 
 @triton.jit
-def _layer_norm_bwd_chunked_kernel(
+def layer_norm_bwd_chunked_kernel(
     dy_ptr,
     x_ptr,
     w_ptr,
@@ -200,8 +200,8 @@ def _layer_norm_bwd_chunked_kernel(
 
 
 @triton.jit
-def _softmax_fwd_chunked_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Same arguments as _softmax_fwd_kernel, but N > BLOCK_N: the row comes in chunks.
+def softmax_fwd_chunked_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Same arguments as softmax_fwd_kernel, but N > BLOCK_N: the row comes in chunks.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     # Rows past the end re-read row M - 1 (never stored), as in the one-tile kernel.
@@ -229,7 +229,7 @@ def _softmax_fwd_chunked_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _softmax_bwd_chunked_kernel(
+def softmax_bwd_chunked_kernel(
     dy_ptr,
     y_ptr,
     dx_ptr,
@@ -238,7 +238,7 @@ def _softmax_bwd_chunked_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # Same arguments as _softmax_bwd_kernel: pass 1 sums dy * y, pass 2 writes dx.
+    # Same arguments as softmax_bwd_kernel: pass 1 sums dy * y, pass 2 writes dx.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     row_start = rows.to(tl.int64) * N
@@ -280,7 +280,7 @@ def layer_norm_backward_chunked(
     mean_g = torch.empty(M, dtype=torch.float32, device=x2.device)
     mean_gx = torch.empty(M, dtype=torch.float32, device=x2.device)
     block_m, block_n = flags["BLOCK_M"], flags["BLOCK_N"]
-    _layer_norm_bwd_row_means_kernel[(cdiv(M, block_m),)](
+    layer_norm_bwd_row_means_kernel[(cdiv(M, block_m),)](
         dy2,
         x2,
         w2,
@@ -295,6 +295,6 @@ def layer_norm_backward_chunked(
         BLOCK_N=block_n,
         num_warps=flags["num_warps"],
     )
-    _layer_norm_bwd_chunked_kernel[(grid, cdiv(N, block_n))](
+    layer_norm_bwd_chunked_kernel[(grid, cdiv(N, block_n))](
         dy2, x2, w2, mean, rstd, mean_g, mean_gx, ds2, dx, part_w, part_b, M, N, **flags
     )
