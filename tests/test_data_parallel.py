@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import spawn_workers
 import torch
 from conftest import cli_train_args, parallel_run_data, short_train_config
 
@@ -23,7 +24,7 @@ from tutorial_lib.__main__ import main
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.jobs.dp_workers import DPRun, dp_refusals_worker, dp_train_worker
+from tutorial_lib.jobs.dp_workers import DPRun
 from tutorial_lib.parallel.launch import spawn
 from tutorial_lib.parallel.mesh import ParallelDims, local_rows
 from tutorial_lib.parallel.shard import ShardMap
@@ -77,7 +78,7 @@ def _spawn_runs(tmp: Path) -> dict[str, Any]:
     cases["fsdp-resume"] = DPRun(
         CFG, data, _cfg("fp32"), "fsdp", resume=str(tmp / "single.pt"), seed=7
     )
-    ranks = spawn(dp_train_worker, 2, *cases.values(), timeout_s=300)
+    ranks = spawn(spawn_workers.dp_train_worker, 2, *cases.values(), timeout_s=300)
     out = dict(zip(cases, ranks[0], strict=True))
     out["rank1-memory"] = {k: r["memory"] for k, r in zip(cases, ranks[1], strict=True)}
     out["rows"] = [ranks[r][0]["rows"] for r in (0, 1)]
@@ -147,7 +148,7 @@ def _check_checkpoints_move_between_layouts(runs: dict[str, Any]) -> None:
 
 def test_a_failed_write_and_fp8_on_a_subgroup_raise_on_every_rank() -> None:
     run = DPRun(CFG, _data(), _cfg("fp32"), "ddp")
-    out = spawn(dp_refusals_worker, 2, run, timeout_s=120)
+    out = spawn(spawn_workers.dp_refusals_worker, 2, run, timeout_s=120)
     for rank in out:  # rank 1 raises too, instead of waiting for rank 0's file
         assert (
             rank["write"]

@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import spawn_workers
 import torch
 from torch import nn
 
 from tutorial_lib.fp8 import FP8Linear, convert_to_fp8, exclude_fp8_from_ddp, fp8_buffer_names
-from tutorial_lib.jobs import workers
 from tutorial_lib.parallel.launch import spawn
 
 AMAXES = [[8.0, 1.0], [2.0, 3.0]]  # per rank, per step
@@ -35,7 +35,7 @@ CASES = {"local": (False, True), "reduced": (True, True), "no_exclusion": (False
 @pytest.fixture(scope="module")
 def ranks() -> dict[str, list[dict[str, Any]]]:
     """Each case's per-rank results (one spawn of two gloo ranks)."""
-    by_rank = spawn(workers.fp8_ddp_steps, 2, AMAXES, CASES, timeout_s=180)
+    by_rank = spawn(spawn_workers.fp8_ddp_steps, 2, AMAXES, CASES, timeout_s=180)
     return {case: [result[case] for result in by_rank] for case in CASES}
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import spawn_workers
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -144,24 +145,24 @@ def _run_dist_checks(corpus: bytes) -> dict[str, Any]:
         "ops3": ((1, 2, 3), workers.operators_check, ((2, 6, 3),)),
         "column": (
             (2, 3),
-            workers.parallel_linear_check,
+            spawn_workers.parallel_linear_check,
             ("column", QKV_SPEC, QKV_UNITS, *_linear_inputs("column")),
         ),
         "row": (
             (2, 3),
-            workers.parallel_linear_check,
+            spawn_workers.parallel_linear_check,
             ("row", ROW_SPEC, ROW_UNITS, *_linear_inputs("row")),
         ),
         "train": (
             (0, 1),
-            workers.tp_train_steps,
+            spawn_workers.tp_train_steps,
             (CFG, UNEVEN_2, sd, _train_data(corpus), TRAIN_CFG, torch.float64),
         ),
     }
     from tutorial_lib.parallel.dtensor_tp import compare_with_megatron, dtensor_fsdp_losses
 
-    jobs["vocab"] = ((1, 2, 3), workers.vocab_and_region_check, (VOCAB_TOKENS, VOCAB_SIZE))
-    jobs["sp_generate"] = ((1, 2, 3), workers.sp_generation_check, (SP_CFG, (1, 5, 8)))
+    jobs["vocab"] = ((1, 2, 3), spawn_workers.vocab_and_region_check, (VOCAB_TOKENS, VOCAB_SIZE))
+    jobs["sp_generate"] = ((1, 2, 3), spawn_workers.sp_generation_check, (SP_CFG, (1, 5, 8)))
     jobs["dtensor"] = ((0, 1), compare_with_megatron, (DT_CFG, 3))
     jobs["dtensor_sp"] = ((2, 3), compare_with_megatron, (DT_CFG, 3, 0.1, True))
     jobs["dtensor2d"] = ((0, 1, 2, 3), dtensor_fsdp_losses, (DT_CFG, 3))  # dp 2 x tp 2
@@ -378,7 +379,7 @@ def test_errors_name_the_problem(world_of_one: Any) -> None:
 
 def test_spawn_reports_the_failing_rank() -> None:
     with pytest.raises(SpawnError, match="Rank 1 failed") as info:
-        spawn(workers.raise_on_rank, 2, 1, timeout_s=60)
+        spawn(spawn_workers.raise_on_rank, 2, 1, timeout_s=60)
     assert info.value.rank == 1 and "fails on purpose" in info.value.traceback
     with pytest.raises(ValueError, match="needs a worker a fresh process can import"):
         spawn(lambda rank, world: rank, 2)
@@ -451,7 +452,7 @@ def test_vocab_parallel_loss_embedding_and_region_operators(dist_results: dict[s
     replicated-gradient gather keeps this rank's slice of the gradient."""
     n_tokens, vocab = 13, 257
     out = spawn(
-        workers.run_jobs, 3, [((0, 1, 2), workers.vocab_and_region_check, (n_tokens, vocab))]
+        workers.run_jobs, 3, [((0, 1, 2), spawn_workers.vocab_and_region_check, (n_tokens, vocab))]
     )
     ranks = [o[0] for o in out]
     gen = torch.Generator().manual_seed(0)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ..build import build_model
 from ..config import GPTConfig
 from ..data import TokenData
-from ..parallel.comm import Group, on_rank0
+from ..parallel.comm import Group
 from ..parallel.dp import memory_per_rank
 from ..parallel.mesh import ParallelDims, groups_2d, local_rows
 from ..parallel.shard import ShardMap
@@ -26,9 +26,7 @@ from ..train import TrainConfig, Trainer
 __all__ = [
     "DPRun",
     "dp_train",
-    "dp_train_worker",
     "dp_layouts_worker",
-    "dp_refusals_worker",
     "mesh_job",
 ]
 
@@ -58,11 +56,6 @@ class DPRun:
     compile: bool = False
     sequence_parallel: bool = False  # with tp > 1 (parallel.tp.TPGPT)
     vocab_parallel: bool = False  # with tp > 1: a vocabulary-parallel embedding, head and loss
-
-
-def dp_train_worker(rank: int, world_size: int, *runs: DPRun) -> list[dict[str, Any]]:
-    """Each run in turn on all ranks (one spawn amortizes the start-up over several runs)."""
-    return [dp_train(run) for run in runs]
 
 
 def dp_layouts_worker(
@@ -133,26 +126,3 @@ def mesh_job(groups: tuple[Group, Group, Group], run: DPRun) -> dict[str, Any]:
 
 
 mesh_job.mesh_tp = lambda run: run.tp  # type: ignore[attr-defined]
-
-
-def dp_refusals_worker(rank: int, world_size: int, run: DPRun) -> dict[str, str]:
-    """What goes wrong on purpose, on every rank: a checkpoint write that fails on rank 0 (every
-    rank must raise, not wait), and FP8 on a group of fewer than all processes (refused)."""
-    out = {}
-
-    def fails() -> None:
-        raise OSError("disk full (on purpose)")
-
-    try:
-        on_rank0(dist.group.WORLD, fails)
-    except RuntimeError as err:
-        out["write"] = str(err)
-    solo = dist.new_group([0])
-    if rank == 0:
-        try:
-            dims = ParallelDims(solo, "ddp")
-            build_model(run.model, precision="fp8", parallel=dims, device="cpu", seed=run.seed)
-        except ValueError as err:
-            out["fp8"] = str(err)
-    dist.barrier()
-    return out

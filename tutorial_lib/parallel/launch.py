@@ -15,6 +15,7 @@ import atexit
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -62,15 +63,15 @@ def _loopback_interface() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def _context(fn: Callable[..., Any]) -> Any:
-    """How ``spawn`` starts processes. Without a CUDA GPU, for this package's own workers: forked
-    from a *forkserver* that has already imported torch and this package, so a rank starts in a
-    fraction of a second instead of the seconds a fresh interpreter spends importing them (on a
-    2-core CPU, most of a small job's time). With CUDA, or for a worker elsewhere (the server's
-    ``sys.path`` is the one it started with): fresh interpreters (``spawn``), since a process
-    forked after CUDA was touched cannot use it."""
-    ours = str(getattr(fn, "__module__", "")).startswith("tutorial_lib.")
-    if not ours or torch.cuda.is_available() or "forkserver" not in mp.get_all_start_methods():
+def _context() -> Any:
+    """How ``spawn`` starts processes. Without a CUDA GPU: forked from a *forkserver* that has
+    already imported torch and this package, so a rank starts in a fraction of a second instead
+    of the seconds a fresh interpreter spends importing them (on a 2-core CPU, most of a small
+    job's time). The worker and its arguments travel pickled, and a rank unpickles them only
+    after taking the caller's ``sys.path``, so a worker from any importable module (a test's, a
+    notebook's helper module) runs so too. With CUDA: fresh interpreters (``spawn``), since a
+    process forked after CUDA was touched cannot use it."""
+    if torch.cuda.is_available() or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["tutorial_lib.jobs.workers"])  # imports torch, the package
@@ -78,24 +79,24 @@ def _context(fn: Callable[..., Any]) -> Any:
 
 
 def _run_rank(
-    fn: Callable[..., Any],
+    job: bytes,
     rank: int,
     world_size: int,
     port: int,
     backend: str,
     out_dir: str,
-    args: tuple[Any, ...],
     timeout_s: float,
-    env: dict[str, str] | None = None,
-    cwd: str | None = None,
+    env: dict[str, str],
+    cwd: str,
+    path: list[str],
 ) -> None:
-    """One spawned process: join the group, run ``fn``, write the result (or the traceback).
-    ``env`` and ``cwd``: the caller's, now (a forked rank starts with the forkserver's)."""
-    if env is not None:
-        os.environ.clear()
-        os.environ.update(env)
-    if cwd is not None:
-        os.chdir(cwd)
+    """One spawned process: join the group, run the pickled ``(fn, args)`` of ``job``, write the
+    result (or the traceback). ``env``, ``cwd`` and ``path`` (``sys.path``): the caller's, taken
+    first (a forked rank starts with the forkserver's)."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.path[:] = path
     torch.set_num_threads(1)  # a few cores shared by all ranks: no intra-op threads
     loopback = _loopback_interface()
     if backend == "gloo" and loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
@@ -110,6 +111,7 @@ def _run_rank(
             timeout=timedelta(seconds=timeout_s),
         )
         try:
+            fn, args = pickle.loads(job)  # here, with the caller's sys.path
             payload = {"ok": True, "result": fn(rank, world_size, *args)}
         except BaseException:
             failed_at = time.time()  # before leaving the group makes the other ranks fail too
@@ -118,16 +120,17 @@ def _run_rank(
             dist.destroy_process_group()
     except BaseException:
         payload = {"ok": False, "error": traceback.format_exc(), "time": failed_at}
-    path = Path(out_dir) / f"rank{rank}.pt"
-    tmp = path.with_suffix(".tmp")
+    result = Path(out_dir) / f"rank{rank}.pt"
+    tmp = result.with_suffix(".tmp")
     try:
         torch.save(payload, tmp)
     except Exception:  # an unpicklable result
         torch.save({"ok": False, "error": traceback.format_exc(), "time": time.time()}, tmp)
-    os.replace(tmp, path)
+    os.replace(tmp, result)
 
 
-def _check_picklable(fn: Callable[..., Any]) -> None:
+def _pickled_job(fn: Callable[..., Any], args: tuple[Any, ...]) -> bytes:
+    """``(fn, args)`` pickled, ``fn`` by name: it must be importable from a module."""
     name = getattr(fn, "__qualname__", repr(fn))
     if getattr(fn, "__module__", None) == "__main__" or "<locals>" in name:
         raise ValueError(
@@ -135,7 +138,7 @@ def _check_picklable(fn: Callable[..., Any]) -> None:
             "__main__ or inside a function (a notebook, a test). Put it in a module, as the "
             "book's workers are in tutorial_lib.jobs.workers."
         )
-    pickle.dumps(fn)
+    return pickle.dumps((fn, args))
 
 
 def spawn(
@@ -155,9 +158,9 @@ def spawn(
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}.")
-    _check_picklable(fn)
-    ctx = _context(fn)
-    env, cwd = dict(os.environ), os.getcwd()
+    job = _pickled_job(fn, args)
+    ctx = _context()
+    caller = (dict(os.environ), os.getcwd(), list(sys.path))
     with tempfile.TemporaryDirectory(prefix="tutorial_lib_spawn_") as tmp:
         port = free_port()
         procs = [
@@ -165,7 +168,7 @@ def spawn(
                 target=_run_rank,
                 name=f"rank{r}",
                 daemon=True,
-                args=(fn, r, world_size, port, backend, tmp, args, timeout_s, env, cwd),
+                args=(job, r, world_size, port, backend, tmp, timeout_s, *caller),
             )
             for r in range(world_size)
         ]

@@ -1,0 +1,245 @@
+"""Spawned workers only the tests run (the chapters' are ``tutorial_lib.jobs``): checks of the
+tensor-parallel operators and layers, TP and data-parallel training steps, FP8 under DDP, and
+what failures look like. ``spawn`` unpickles a worker in the rank after taking the caller's
+``sys.path``, so workers from this folder run like the package's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tutorial_lib.build import build_model
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import TokenData
+from tutorial_lib.fp8 import DelayedScaling, FP8Linear, autocast, convert_to_fp8
+from tutorial_lib.jobs.dp_workers import DPRun, dp_train
+from tutorial_lib.parallel import comm
+from tutorial_lib.parallel.comm import Group, group_rank, on_rank0
+from tutorial_lib.parallel.mesh import ParallelDims
+from tutorial_lib.parallel.shard import ShardMap, UnitSpec, global_index
+from tutorial_lib.parallel.tp_linear import ColumnParallelLinear, RowParallelLinear
+from tutorial_lib.parallel.tp_model import TPSpec, gather_full_state_dict, parallelize
+from tutorial_lib.train import TrainConfig, Trainer
+
+
+def dp_train_worker(rank: int, world_size: int, *runs: DPRun) -> list[dict[str, Any]]:
+    """Each run in turn on all ranks (one spawn amortizes the start-up over several runs)."""
+    return [dp_train(run) for run in runs]
+
+
+def dp_refusals_worker(rank: int, world_size: int, run: DPRun) -> dict[str, str]:
+    """What goes wrong on purpose, on every rank: a checkpoint write that fails on rank 0 (every
+    rank must raise, not wait), and FP8 on a group of fewer than all processes (refused)."""
+    out = {}
+
+    def fails() -> None:
+        raise OSError("disk full (on purpose)")
+
+    try:
+        on_rank0(dist.group.WORLD, fails)
+    except RuntimeError as err:
+        out["write"] = str(err)
+    solo = dist.new_group([0])
+    if rank == 0:
+        try:
+            dims = ParallelDims(solo, "ddp")
+            build_model(run.model, precision="fp8", parallel=dims, device="cpu", seed=run.seed)
+        except ValueError as err:
+            out["fp8"] = str(err)
+    dist.barrier()
+    return out
+
+
+def vocab_and_region_check(group: Group, n_tokens: int, vocab: int) -> dict[str, Any]:
+    """The vocabulary-parallel loss and embedding on this rank's rows of the same float64
+    logits, weight and ids on every rank (uneven splits: ``split_evenly``), and the two
+    operators that open and close the sequence-parallel region: outputs and input gradients."""
+    from tutorial_lib.parallel.shard import split_evenly
+    from tutorial_lib.parallel.vocab import vocab_parallel_cross_entropy, vocab_parallel_embedding
+
+    r, n = group_rank(group), dist.get_world_size(group)
+    rows = split_evenly(vocab, n)[r]
+    start, end = rows[0], rows[-1] + 1
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(n_tokens, vocab, dtype=torch.float64, generator=gen) * 3
+    targets = torch.randint(0, vocab, (n_tokens,), generator=gen)
+    weight = torch.randn(vocab, 8, dtype=torch.float64, generator=gen)
+    idx = torch.randint(0, vocab, (3, n_tokens), generator=gen)
+    mine = logits[:, start:end].clone().requires_grad_()
+    loss = vocab_parallel_cross_entropy(mine, targets, start, group)
+    loss.backward()
+    w = weight[start:end].clone().requires_grad_()
+    emb = vocab_parallel_embedding(idx, w, start, group)
+    emb.backward(torch.ones_like(emb))
+    x = torch.arange(2 * 6 * 4, dtype=torch.float64).reshape(2, 6, 4).requires_grad_()
+    piece = comm.split_to_sp(x, group, dim=1)
+    piece.backward(torch.full_like(piece, float(r + 1)))
+    z = torch.arange(2 * 2 * 4, dtype=torch.float64).reshape(2, 2, 4) + 10.0 * r
+    z.requires_grad_()
+    full = comm.gather_from_sp(z, group, dim=1, partial_grad=False)
+    full.backward(torch.arange(full.numel(), dtype=torch.float64).reshape(full.shape))
+    return {
+        "range": (start, end),
+        "loss": loss.detach(),
+        "dlogits": mine.grad,
+        "embedding": emb.detach(),
+        "dweight": w.grad,
+        "split": piece.detach(),
+        "dsplit": x.grad,
+        "gathered": full.detach(),
+        "dgathered": z.grad,
+    }
+
+
+def sp_generation_check(group: Group, cfg: Any, lengths: Sequence[int]) -> list[float]:
+    """A sequence- and vocabulary-parallel ``TPGPT`` without targets, at sequence lengths that
+    do not split over the ranks (generation's): the largest difference of its logits from the
+    full model's, per length."""
+    from tutorial_lib.model import GPT
+
+    torch.manual_seed(0)
+    full = GPT(cfg)
+    n = dist.get_world_size(group)
+    tp_model = parallelize(
+        full, group, ShardMap.even(cfg, n, vocab_parallel=True), sequence_parallel=True
+    )
+    out = []
+    with torch.no_grad():
+        for T in lengths:
+            idx = torch.randint(
+                0, cfg.vocab_size, (2, T), generator=torch.Generator().manual_seed(T)
+            )
+            got, _ = tp_model(idx)
+            want, _ = full(idx)
+            out.append(float((got - want).abs().max()))
+    return out
+
+
+def parallel_linear_check(
+    group: Group,
+    kind: str,
+    spec: UnitSpec,
+    units: Sequence[Sequence[int]],
+    full: nn.Linear,
+    x: torch.Tensor,
+    dy: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """A ``ColumnParallelLinear`` (kind "column") or ``RowParallelLinear`` ("row") cut from
+    ``full`` by ``units[rank]``: forward on ``x`` (its shard, for a row layer), backward with
+    ``dy`` (its shard, for a column layer). Local output and gradients, and the shard index."""
+    r, total = group_rank(group), sum(len(u) for u in units)
+    index = global_index(spec, units[r], total)
+    bias = full.bias is not None
+    layer: ColumnParallelLinear | RowParallelLinear
+    b: torch.Tensor | None
+    if kind == "column":
+        layer = ColumnParallelLinear(
+            full.in_features, full.out_features, bias, group, spec, tuple(units[r]), total
+        )
+        weight, b = full.weight.index_select(0, index), full.bias
+        b = None if b is None else b.index_select(0, index)
+        x, dy = x.clone(), dy.index_select(-1, index)
+    else:
+        layer = RowParallelLinear(
+            full.in_features, full.out_features, bias, group, spec, tuple(units[r]), total
+        )
+        weight, b = full.weight.index_select(1, index), full.bias
+        x = x.index_select(-1, index)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if b is not None:
+            if layer.bias is None:  # cannot happen: the layer has a bias iff ``full`` has one
+                raise RuntimeError(f"parallel_linear_check: the {kind} layer has no bias.")
+            layer.bias.copy_(b)
+    x.requires_grad_()
+    y = layer(x)
+    y.backward(dy)
+    return {
+        "y": y.detach(),
+        "dW": layer.weight.grad,
+        "dx": x.grad,
+        "index": index,
+        "db": None if layer.bias is None else layer.bias.grad,
+    }
+
+
+def tp_train_steps(
+    group: Group,
+    cfg: GPTConfig,
+    shard_map: ShardMap,
+    state_dict: dict[str, torch.Tensor],
+    data: tuple[torch.Tensor, torch.Tensor, int, int],
+    train_cfg: TrainConfig,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
+    """``train_cfg.steps`` steps of a tensor-parallel ``Trainer`` from ``state_dict`` on
+    ``TokenData(*data)``, with parameters in ``dtype``: the history and the gathered full state
+    dict at the end."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # the model and the TP layers parallelize builds
+    try:
+        dims = ParallelDims(tp=TPSpec(group, shard_map))
+        model = build_model(cfg, weights=state_dict, parallel=dims, device="cpu")
+        trainer = Trainer(model, TokenData(*data), train_cfg, device="cpu")
+        history = trainer.train()
+    finally:
+        torch.set_default_dtype(default)
+    return {"history": history, "state_dict": gather_full_state_dict(model, group, shard_map)}
+
+
+def fp8_ddp_steps(
+    rank: int,
+    world_size: int,
+    amaxes: Sequence[Sequence[float]],
+    cases: dict[str, tuple[bool, bool]],
+) -> dict[str, dict[str, list[float]]]:
+    """Per case ``name: (reduce_amax, exclude)``: FP8 steps of one ``FP8Linear`` (16 -> 16,
+    history 4) under ``DistributedDataParallel`` with its defaults (``broadcast_buffers=True``).
+    Step s feeds this rank a batch whose amax is ``amaxes[rank][s]``. ``exclude=False`` empties
+    the DDP ignore list that ``convert_to_fp8`` fills (``fp8.ddp``), as for a model without that
+    handling. Returns the input column of the forward history, the input scale at the end, and
+    the input scale each forward pass quantized with."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = {}
+    for name, (reduce_amax, exclude) in cases.items():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 16))
+        convert_to_fp8(model, amax_history_len=4)
+        if not exclude:
+            setattr(model, "_ddp_params_and_buffers_to_ignore", [])  # noqa: B010
+        layer = model[0]
+        assert isinstance(layer, FP8Linear)
+        used: list[float] = []  # read after DDP's broadcast, before the layer quantizes
+        layer.register_forward_pre_hook(
+            lambda m, args, layer=layer, used=used: used.append(
+                layer.fp8_state.forward.scale[0].item()
+            )
+        )
+        ddp = DistributedDataParallel(model)
+        recipe = DelayedScaling(amax_history_len=4, reduce_amax=reduce_amax)
+        for amax in amaxes[rank]:
+            with autocast(recipe=recipe):
+                y = ddp(torch.full((8, 16), float(amax)))
+            y.sum().backward()
+        out[name] = {
+            "history": layer.fp8_state.forward.amax_history[:, 0].tolist(),
+            "scale": [layer.fp8_state.forward.scale[0].item()],
+            "scale_used": used,
+        }
+    return out
+
+
+def raise_on_rank(rank: int, world_size: int, bad_rank: int) -> int:
+    """Return ``rank``, except on ``bad_rank``, which raises: what a failing worker looks like.
+    The barrier first: a rank that returned at once could leave the group while another was
+    still connecting to it, which then fails with gloo's error instead of its own."""
+    dist.barrier()
+    if rank == bad_rank:
+        raise RuntimeError(f"rank {rank} of {world_size} fails on purpose")
+    return rank
