@@ -193,7 +193,8 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         a stateless recipe's draw on nothing but the layer's rounding generator."""
         recipe = fp8.recipe
         if recipe.stateful:
-            step = None if replay else register_fp8_run(self.fp8_state, fp8, self._needs_grad(x))
+            needs_grad = self._needs_grad(x)
+            step = None if replay is not None else register_fp8_run(self.fp8_state, fp8, needs_grad)
             return DelayedOperands(recipe, self.fp8_state, stats, replay, step)  # type: ignore[arg-type]
         gen = self.sr_generator(x.device) if recipe.uses_stochastic_rounding else None
         return RecipeOperands(recipe, gen, stats)
