@@ -5,7 +5,7 @@ A ``TrainingJob`` is a healthy DP x PP x TP job (``ParallelConfig``: base TP deg
 ``pp`` TP groups per replica, one per pipeline stage, ``dp`` replicas) on a ``ClusterSpec``. A
 *slot* is one TP group: ``tp`` consecutive GPUs of a scale-up domain. Step times come from
 ``cluster.cost_terms`` (Narayanan et al.'s terms, the same code); ``cluster.plans`` lists the
-modelling assumptions. ``TrainingJob.table`` (built by ``cluster.plan_options``) says what a
+modelling assumptions. ``plan_options.option_table`` says what a
 degraded replica runs. ``TrainingJob.paper()`` is the NTP paper's setup: ``PAPER_MODEL`` on
 ``PAPER_CLUSTER``.
 """

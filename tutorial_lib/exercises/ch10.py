@@ -1,5 +1,5 @@
 """Exercise 10.1: a column-parallel linear layer over t simulated ranks (uneven splits allowed),
-checked against ``parallel.tp.ColumnParallelLinear`` holding the shards of ``split_evenly``."""
+checked against ``parallel.tp_linear.ColumnParallelLinear`` holding the shards of ``split_evenly``."""
 
 from __future__ import annotations
 
@@ -92,6 +92,6 @@ EXERCISES = [
         stub=STUB,
         cases=_cases,
         reference=_reference,
-        reference_name="tutorial_lib.parallel.tp.ColumnParallelLinear (shards of split_evenly)",
+        reference_name="tutorial_lib.parallel.tp_linear.ColumnParallelLinear (shards of split_evenly)",
     )
 ]

@@ -62,7 +62,7 @@ def convert_to_fp8(
     each rank's scaling state; ranks share amaxes through the autocast's amax reduction.
     """
     targets: list[tuple[str, nn.Module]] = list(convertible_linears(model, include_lm_head))
-    targets += [  # layers that know their FP8 variant (the tensor-parallel ones: parallel.tp)
+    targets += [  # layers that know their FP8 variant (the tensor-parallel ones: parallel.tp_fp8)
         (name, m)
         for name, m in model.named_modules()
         if callable(getattr(m, "to_fp8", None)) and not isinstance(m, FP8Linear)

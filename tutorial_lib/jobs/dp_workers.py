@@ -54,7 +54,7 @@ class DPRun:
     tp: int = 1  # tensor-parallel degree: a (len(ranks) / tp) x tp mesh (parallel.mesh)
     fused: bool = False
     compile: bool = False
-    sequence_parallel: bool = False  # with tp > 1 (parallel.tp.TPGPT)
+    sequence_parallel: bool = False  # with tp > 1 (parallel.tp_model.TPGPT)
     vocab_parallel: bool = False  # with tp > 1: a vocabulary-parallel embedding, head and loss
 
 

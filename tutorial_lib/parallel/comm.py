@@ -24,7 +24,7 @@ and ``g`` by a reduce-scatter, which move the same bytes as one all-reduce (a ri
 Two more close the region at its ends: ``SplitToSequenceParallel`` (keep my slice; all-gather the
 gradient) where the replicated embeddings enter it, and ``GatherReplicatedGrad`` (all-gather;
 keep my slice of the replicated gradient) where it ends before a replicated LM head. The GPT
-uses them all with ``TPSpec(sequence_parallel=True)`` (``parallel.tp``). Sequence splits must be
+uses them all with ``TPSpec(sequence_parallel=True)`` (``parallel.tp_model``). Sequence splits must be
 even (every rank the same length).
 
 Every operator takes a process group; ``None`` (or a group of one rank) makes it the identity,

@@ -1,6 +1,6 @@
 """The same tensor parallelism the PyTorch way: DTensor's ``parallelize_module`` with
 ``ColwiseParallel`` and ``RowwiseParallel`` on a one-dimensional ``DeviceMesh``, as torchtitan
-does it. Production code uses this; ``parallel.tp`` spells out what it does, and keeps what
+does it. Production code uses this; ``parallel.tp_model`` spells out what it does, and keeps what
 DTensor's even ``Shard(0)`` cannot express: uneven and non-contiguous shards for NTP.
 
     attn.qkv, mlp.fc      ColwiseParallel: weight rows (and bias) ``Shard(0)``; the input
@@ -88,7 +88,7 @@ def dtensor_parallelize(
     if cfg.n_head % tp:
         raise ValueError(
             f"DTensor's Shard(0) splits evenly: {cfg.n_head} heads do not divide over {tp} "
-            "ranks. Choose a TP degree that divides n_head, or use parallel.tp (uneven shards)."
+            "ranks. Choose a TP degree that divides n_head, or use parallel.tp_model (uneven shards)."
         )
     if sequence_parallel and cfg.block_size % tp:
         raise ValueError(
@@ -135,7 +135,7 @@ def compare_with_megatron(
     lr: float = 0.1,
     sequence_parallel: bool = False,
 ) -> dict[str, list[float]]:
-    """Our Megatron layers (``parallel.tp``) and DTensor's, from the same seeded GPT on the same
+    """Our Megatron layers (``parallel.tp_model``) and DTensor's, from the same seeded GPT on the same
     batches, ``steps`` plain SGD steps each: per step both losses and the largest difference
     between any two local gradients (the shards hold the same rows in the same order); with
     ``sequence_parallel``, both sequence-parallel. For a spawned worker (``workers.run_jobs``)."""

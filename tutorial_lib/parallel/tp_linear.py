@@ -1,5 +1,5 @@
 """Megatron's column- and row-parallel Linear layers, with uneven shards (the overview is
-``parallel.tp``'s docstring).
+``parallel.tp_model``'s docstring).
 
 ``ColumnParallelLinear`` holds this rank's rows of the weight and multiplies ``f(x)``: its output
 stays sharded. ``RowParallelLinear`` holds this rank's columns and sums the partial products with
