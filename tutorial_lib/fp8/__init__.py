@@ -27,7 +27,13 @@ from __future__ import annotations
 
 from ..hardware import te_available
 from . import te_policy  # imports te_contract and te_convert too
-from .autocast import FP8AutocastState, autocast, get_autocast_state, is_fp8_enabled
+from .autocast import (
+    FP8AutocastState,
+    autocast,
+    get_autocast_state,
+    is_fp8_enabled,
+    reduce_amax,
+)
 from .convert import convert_to_fp8, convertible_linears, fp8_layer_problems
 from .ddp import exclude_fp8_from_ddp, fp8_buffer_names
 from .formats import (
@@ -81,7 +87,6 @@ from .scaling import (
     FP8ModuleState,
     MMParams,
     ScalingMeta,
-    reduce_amax,
     update_amax_and_scale,
 )
 from .stats import (

@@ -38,9 +38,9 @@ from typing import Any
 import torch
 
 from .recipes import DelayedScaling, Recipe
-from .scaling import FP8ModuleState, reduce_amax
+from .scaling import FP8ModuleState
 
-__all__ = ["FP8AutocastState", "autocast", "get_autocast_state", "is_fp8_enabled"]
+__all__ = ["FP8AutocastState", "autocast", "get_autocast_state", "is_fp8_enabled", "reduce_amax"]
 
 
 @dataclass(frozen=True)
@@ -197,3 +197,18 @@ def autocast(
             region = _REGION.pop()
             if enabled and torch.is_grad_enabled():
                 _update_states(region.forward.entries, forward=True)
+
+
+def reduce_amax(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """A copy of ``tensor`` MAX-all-reduced over ``group`` (default: the world), as TE reduces
+    the amaxes of a step over ``amax_reduction_group``.
+
+    Only when ``torch.distributed`` is initialized and the group has more than one rank;
+    otherwise an unchanged copy. Typical use: ``meta.update(recipe, fp8_max,
+    reduced_amax=reduce_amax(meta.amax_history[0], group))``.
+    """
+    out = tensor.detach().clone()
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    return out

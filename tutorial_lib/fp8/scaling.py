@@ -37,7 +37,6 @@ __all__ = [
     "update_amax_and_scale",
     "ScalingMeta",
     "FP8ModuleState",
-    "reduce_amax",
 ]
 
 FLT_MAX = torch.finfo(torch.float32).max  # an infinite new scale becomes this (TE)
@@ -402,16 +401,3 @@ class FP8ModuleState:
 
 
 # ---- distributed -----------------------------------------------------------------------------
-def reduce_amax(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """A copy of ``tensor`` MAX-all-reduced over ``group`` (default: the world), as TE reduces
-    the amaxes of a step over ``amax_reduction_group``.
-
-    Only when ``torch.distributed`` is initialized and the group has more than one rank;
-    otherwise an unchanged copy. Typical use: ``meta.update(recipe, fp8_max,
-    reduced_amax=reduce_amax(meta.amax_history[0], group))``.
-    """
-    out = tensor.detach().clone()
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
-    return out
