@@ -5,7 +5,7 @@
 
 Budgets (``../shared/DESIGN.md``): the package within 18,000 lines, its reader-facing core within
 10,000, no module over 400. The core is everything but ``cluster/``, ``bench/``, ``exercises/``,
-the command line (``__main__.py``) and the readiness check (``readiness.py``, ``machine_probe.py``,
+the command line (``__main__.py``, ``cli.py``) and the readiness check (``readiness.py``, ``machine_probe.py``,
 ``book_cost.py``). Lines are physical lines of ``.py`` files, docstrings and comments included.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_BUDGET, CORE_BUDGET, MODULE_BUDGET = 18_000, 10_000, 400
 OUTSIDE_CORE = ("cluster", "bench", "exercises")
-READINESS = ("__main__.py", "readiness.py", "machine_probe.py", "book_cost.py")
+READINESS = ("__main__.py", "cli.py", "readiness.py", "machine_probe.py", "book_cost.py")
 
 
 def count(package: Path) -> tuple[int, int, list[tuple[int, str]]]:

@@ -1,0 +1,299 @@
+"""The commands of ``python -m tutorial_lib`` (``__main__`` parses the arguments): ``info``, the
+machine and the book's readiness; ``train``, a run from its arguments (one process, or this
+rank's place in ``--dp`` x ``--tp`` under torchrun), resumed, trained, reported; ``bench``, the
+ablation ladder; ``ntp-reproduce``; ``convert-checkpoint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .build import build_model
+from .checkpoint import load_checkpoint
+from .checkpoint.run import RUN_FILE
+from .config import GPTConfig, RunPreset, get_preset
+from .data import load_corpus, make_data, train_split_bytes
+from .hardware import default_device, describe_device, fp8_gemm_status, te_available
+from .precision import available_policies
+from .runs import parallel_trainer
+from .tokenizer import TOKENIZER_FILE, BPETokenizer, train_bpe
+from .train import TrainConfig, Trainer
+
+__all__ = ["bench", "convert_checkpoint", "info", "ntp_reproduce", "train"]
+
+
+def convert_checkpoint(args: argparse.Namespace) -> int:
+    from .checkpoint import convert_checkpoint_file
+
+    path = convert_checkpoint_file(args.src, args.dst, args.to)
+    train = f"python -m tutorial_lib train --precision {args.to}"
+    if path.name == "checkpoint.pt":
+        print(f"wrote {path}; resume it with: {train} --out {path.parent} --resume")
+    else:
+        print(
+            f"wrote {path}; to resume it, save it as DIR/checkpoint.pt and run: "
+            f"{train} --out DIR --resume"
+        )
+    return 0
+
+
+def info(args: argparse.Namespace) -> int:
+    from .readiness import check_readiness, format_readiness
+
+    dev = describe_device()
+    try:
+        preset: RunPreset | None = get_preset()
+        preset_why = ""
+    except ValueError as exc:  # a bad TUTORIAL_PRESET: report it below instead of failing
+        preset, preset_why = None, str(exc)
+    fp8_ok, fp8_why = fp8_gemm_status()
+    te_ok, te_why = te_available()
+    host = describe_device("cpu")
+    assert host.cpu is not None
+    report = {
+        "tutorial_lib": __version__,
+        "torch": torch.__version__,
+        "device": dev.summary(),
+        "cpu": {
+            "name": host.name,
+            "matrix_instructions": host.cpu.features,
+            "torch_kernels": host.cpu.torch_isa,
+            "bf16_matrix": host.cpu.bf16_matrix,
+        },
+        "spec": None
+        if dev.spec is None
+        else {
+            "name": dev.spec.name,
+            "peak_tflops": {k: v / 1e12 for k, v in dev.spec.peak_flops.items()},
+            "hbm_tb_s": dev.spec.hbm_bandwidth / 1e12,
+            "source": dev.spec.source,
+        },
+        "preset": None if preset is None else preset.name,
+        "precision_policies": available_policies(),
+        "fp8_gemms": {"available": fp8_ok, "reason": fp8_why},
+        "transformer_engine": {"available": te_ok, "reason": te_why},
+    }
+    ready = check_readiness()
+    status = 1 if args.strict and not ready.ready else 0
+    if args.json:
+        report["readiness"] = ready.to_dict()
+        print(json.dumps(report, indent=2))
+        return status
+    print(f"tutorial_lib {__version__}, torch {torch.__version__}")
+    print(f"device:  {report['device']}")
+    if dev.type != "cpu":  # on a CPU device the line above already says it
+        print(f"cpu:     {host.name}; {host.cpu.summary()}")
+    if dev.spec is None:
+        print("spec:    not in the spec table -> MFU is reported as unavailable")
+    else:
+        peaks = ", ".join(f"{k} {v / 1e12:.0f}" for k, v in dev.spec.peak_flops.items())
+        hbm_tb_s = dev.spec.hbm_bandwidth / 1e12
+        print(f"spec:    {dev.spec.name}: peak TFLOP/s {peaks}; HBM {hbm_tb_s} TB/s")
+    if preset is None:
+        print(f"preset:  none ({preset_why})")
+    else:
+        print(f"preset:  {preset.name} (model {preset.model}, {preset.steps} steps)")
+    print(f"precision policies: {', '.join(available_policies())}")
+    print(f"FP8 GEMMs: {'yes' if fp8_ok else 'no'} ({fp8_why})")
+    print(f"Transformer Engine: {'yes' if te_ok else 'no'} ({te_why})")
+    print()
+    print(format_readiness(ready))
+    return status
+
+
+def _rung_numbers(text: str, count: int) -> list[int]:
+    try:
+        numbers = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--rungs takes comma-separated numbers, e.g. 1,3,4; got {text!r}."
+        ) from None
+    bad = [n for n in numbers if not 1 <= n <= count]
+    if bad or not numbers:
+        raise ValueError(f"--rungs: rung numbers run from 1 to {count}; got {text!r}.")
+    return numbers
+
+
+def bench(args: argparse.Namespace) -> int:
+    if not args.ladder:
+        raise ValueError(
+            "Choose a benchmark: --ladder (the others are scripts: benchmarks/precision.py, "
+            "benchmarks/fp8.py, benchmarks/fusion.py)."
+        )
+    from .bench import environment_stamp, write_and_print
+    from .bench.ladder import ladder_meta, ladder_rungs, ladder_table, run_ladder
+
+    preset = get_preset(args.preset)
+    rungs = ladder_rungs(args.fusion)
+    if args.rungs:
+        rungs = [rungs[n - 1] for n in _rung_numbers(args.rungs, len(rungs))]
+    device = torch.device(args.device) if args.device else default_device()
+    rows = run_ladder(
+        preset,
+        device,
+        rungs,
+        steps=args.steps,
+        batch=args.batch_size,
+        lr=args.lr,
+        progress=not args.no_progress,
+    )
+    env = {**environment_stamp(device), "preset": preset.name}
+    meta = {
+        **ladder_meta(preset, rows),
+        "fusion": args.fusion,
+        "losses": {r["rung"]: r.get("losses") for r in rows},
+    }
+    table = ladder_table(rows)
+    write_and_print("ladder", f"ablation ladder, preset {preset.name}", table, args.out, meta, env)
+    return 0
+
+
+def ntp_reproduce(args: argparse.Namespace) -> int:
+    from .cluster import TrainingJob, format_report, ntp_reproduce
+
+    job = TrainingJob.paper(shard_split=args.shard_split)
+    report = ntp_reproduce(seed=args.seed, samples=args.samples, quick=args.quick, job=job)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def train(args: argparse.Namespace) -> int:
+    """``python -m tutorial_lib train``: build the run from the parsed arguments (one process,
+    or this rank's place in ``--dp`` x ``--tp`` under torchrun), resume with ``--resume``, train,
+    and on rank 0 write ``metrics.json`` and report."""
+
+    preset = get_preset(args.preset)
+    # A named size gets its vocabulary from the tokenizer below (bytes: 256 rows).
+    model_cfg = (
+        preset.model_config()
+        if args.model is None
+        else GPTConfig.from_name(args.model, vocab_size=256)
+    )
+    cfg = TrainConfig.from_preset(
+        preset,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        grad_accum=args.grad_accum,
+        checkpoint_every=args.checkpoint_every,
+        precision=args.precision,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    tokenizer = _tokenizer(args, preset)
+    if tokenizer is not None:  # the rows asked for, whatever the corpus let it learn
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.padded_vocab_size)
+    elif model_cfg.vocab_size != 256:  # a BPE preset trained --tokenizer bytes
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=256)
+    data = make_data(model_cfg.block_size, path=args.data, seed=args.seed, tokenizer=tokenizer)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.dp is None:  # torchrun with N processes: data parallelism over what --tp leaves
+        args.dp = max(1, world // args.tp) if world > 1 else 1
+    elif args.dp == 1 and args.tp == 1 and world > 1:
+        raise ValueError(
+            f"--dp 1 with {world} processes: each would train alone into the same --out. Drop "
+            f"--dp (all {world} processes then train together) or start one process."
+        )
+    if args.dp * args.tp > 1:  # one process per (data-parallel, tensor-parallel) rank
+        trainer: Trainer = parallel_trainer(
+            model_cfg,
+            data,
+            cfg,
+            args.dp,
+            args.tp,
+            args.dp_mode,
+            fused=args.fused,
+            compile=args.compile,
+            device=args.device,
+            out_dir=args.out,
+            seed=args.seed,
+            sequence_parallel=args.sequence_parallel,
+            vocab_parallel=args.vocab_parallel,
+        )
+    else:
+        if args.sequence_parallel or args.vocab_parallel:
+            raise ValueError(
+                "--sequence-parallel and --vocab-parallel split over the tensor-parallel ranks: "
+                "use them with --tp 2 or more under torchrun."
+            )
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = build_model(
+            model_cfg,
+            precision=args.precision,
+            fused=args.fused,
+            compile=args.compile,
+            device=device,
+            seed=args.seed,
+        )
+        trainer = Trainer(model, data, cfg, device=device, out_dir=args.out)
+    ckpt = trainer.checkpoint_path
+    if args.resume:
+        _resume(trainer, args.out)
+    history = trainer.train()
+    if not trainer.parallel.is_rank0:
+        return 0  # only rank 0 writes files and reports
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "metrics.json").write_text(json.dumps(history, indent=1))
+    last = history[-1] if history else None
+    if last is not None:
+        print(
+            f"step {trainer.step}: loss {last['loss']:.4f}, "
+            f"{last['tokens_per_s']:,.0f} tokens/s on {describe_device(trainer.device).name}; "
+            f"wrote {ckpt} and {args.out / 'metrics.json'}"
+        )
+    return 0
+
+
+def _tokenizer(args: argparse.Namespace, preset: RunPreset) -> BPETokenizer | None:
+    """None for bytes; for BPE, OUT/tokenizer.json when resuming a run that saved one, else one
+    trained on the corpus's training split (the same on every rank: training is deterministic)
+    and saved there."""
+    name = args.tokenizer or preset.tokenizer
+    if name == "bytes":
+        if args.vocab_size is not None:
+            raise ValueError("--vocab-size sets the BPE vocabulary: use it with --tokenizer bpe.")
+        return None
+    saved = args.out / TOKENIZER_FILE
+    if args.resume and saved.exists():
+        tokenizer = BPETokenizer.load(saved)
+        # (a corpus without enough frequent pairs gives fewer tokens than were asked for)
+        asked = tokenizer.asked or tokenizer.vocab_size
+        if args.vocab_size is not None and args.vocab_size != asked:
+            raise ValueError(
+                f"--vocab-size {args.vocab_size}, but the run being resumed saved a tokenizer "
+                f"asked for {asked} tokens ({saved}): drop --vocab-size, or start a new run in "
+                "another --out."
+            )
+        return tokenizer
+    vocab = args.vocab_size or preset.bpe_vocab
+    tokenizer = train_bpe(train_split_bytes(load_corpus(args.data)), vocab)
+    if int(os.environ.get("RANK", "0")) == 0:
+        tokenizer.save(saved)
+        print(
+            f"tokenizer: byte-level BPE, {tokenizer.vocab_size} tokens ({vocab} asked; the "
+            f"model gets {tokenizer.padded_vocab_size} rows), saved as {saved}"
+        )
+    return tokenizer
+
+
+def _resume(trainer: Trainer, out: Path) -> None:
+    """The newer of the two forms of checkpoint in ``out`` (by step; on a tie, the one this
+    run writes); nothing if there is none."""
+    mine = trainer.checkpoint_path
+    found_all = [p for p in (mine, out / "checkpoint.pt", out / "checkpoint") if p and p.exists()]
+    if not found_all:
+        return
+
+    def step(path: Path) -> int:
+        return int(load_checkpoint(path / RUN_FILE if path.is_dir() else path).get("step", 0))
+
+    found = max(dict.fromkeys(found_all), key=step)  # max keeps the first of equals: mine
+    trainer.resume(found)
+    print(f"resumed from {found} at step {trainer.step}")
