@@ -69,7 +69,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for precision in ("fp32", "bf16", "fp8"):
         jobs[f"sp-vocab-{precision}"] = (ALL, DPRun(CFG, data, _cfg(precision), tp=2, **split))
     compiled = DPRun(CFG, data, _cfg("fp8"), "fsdp", steps=3, tp=2, compile=True)
-    jobs["fsdp-compile-fp8"] = (ALL, compiled)  # the suite's one compiled parallel run
+    jobs["fsdp-compile-fp8"] = (ALL, compiled)  # compiled under FSDP2 x TP
+    # and under DDP (composable replicate) over 2 data-parallel ranks, without TP
+    jobs["ddp-compile"] = ((0, 1), DPRun(CFG, data, _cfg("fp32"), "ddp", steps=3, compile=True))
     sp_fused = DPRun(CFG, data, _cfg("fp32"), steps=2, tp=2, fused=True, sequence_parallel=True)
     jobs["sp-fused"] = (ALL, sp_fused)  # 2 steps: Triton's interpreter is slow
     # TP shards the state: each checkpoint is a DCP directory, every rank writing its pieces
@@ -122,10 +124,11 @@ def test_dp2_tp2_reproduces_one_process(runs: dict[str, Any], precision: str) ->
 
 
 def test_ddp_and_compiled_under_tp(runs: dict[str, Any]) -> None:
-    """DDP over the data-parallel dimension, and torch.compile under FSDP2 x TP in FP8 (Dynamo
-    around the collectives and around FP8Linear's graph breaks; 3 steps: compiling on a CPU
-    takes tens of seconds)."""
+    """DDP over the data-parallel dimension; torch.compile under DDP (``replicate``'s hooks around
+    the compiled module) and under FSDP2 x TP in FP8 (Dynamo around the collectives and around
+    FP8Linear's graph breaks); 3 steps: compiling on a CPU takes tens of seconds."""
     assert _losses(runs["ddp-fp32"]["history"]) == pytest.approx(_single("fp32"), rel=1e-5)
+    assert _losses(runs["ddp-compile"]["history"]) == pytest.approx(_single("fp32")[:3], rel=1e-5)
     compiled = _losses(runs["fsdp-compile-fp8"]["history"])
     assert compiled == pytest.approx(_single("fp8")[:3], rel=REL["fp8"])
 
