@@ -35,9 +35,9 @@ from tutorial_lib.cluster.failures import (
     expected_replica_availability,
     fraction_of_time_above,
     random_failures,
-    replica_availability,
     simulate_trace,
 )
+from tutorial_lib.cluster.replicas import replica_availability
 from tutorial_lib.config import get_preset
 from tutorial_lib.perf import benchmark
 

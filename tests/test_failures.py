@@ -23,12 +23,14 @@ from tutorial_lib.cluster.failures import (
     FailureTrace,
     Recovery,
     expected_replica_availability,
-    failed_per_domain,
-    failed_per_replica,
     fraction_of_time_above,
     random_failures,
-    replica_availability,
     simulate_trace,
+)
+from tutorial_lib.cluster.replicas import (
+    failed_per_domain,
+    failed_per_replica,
+    replica_availability,
 )
 
 LLAMA3 = FailureModel.llama3()

@@ -298,7 +298,6 @@ def test_spare_domains_on_a_small_trace() -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: slot_failures(JOB, np.arange(65)), "only 64"),
         (lambda: slot_failures(JOB, [64]), r"\[0, 64\)"),
         (lambda: slot_failures(JOB, [3, 3]), "duplicates"),
         (lambda: slot_failures(JOB, np.zeros(10, bool)), "shape"),

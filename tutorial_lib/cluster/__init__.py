@@ -16,7 +16,8 @@ The cost model
     ``validation_hopper``: Megatron-Core's H100 table: Hopper's ceiling fitted on 3 runs, 6 held out.
     ``domains``: NVL8 Hopper systems against NVL32 and NVL72 domains under failures.
 Failures and plans
-    ``failures``: the Llama 3 failure model, Monte Carlo traces, replica availability.
+    ``failures``: the Llama 3 failure model, Monte Carlo traces, expected replica availability.
+    ``replicas``: where given failures land (domains, replicas) and the replicas left whole.
     ``replica_cost``: ``TrainingJob`` and the step time of a healthy or degraded replica;
     ``PowerBoost``.
     ``plan_options``: what a degraded replica runs under each of ``PLAN_POLICIES``.
@@ -49,7 +50,6 @@ from .failures import (
     expected_replica_availability,
     fraction_of_time_above,
     random_failures,
-    replica_availability,
     simulate_trace,
 )
 from .gemm_model import GemmModel, gemm_model_for
@@ -69,6 +69,7 @@ from .packing import relative_throughput, slot_failures
 from .plan_options import PLAN_POLICIES
 from .plans import ClusterPlan, ReplicaAssignment, plan_cluster
 from .replica_cost import PowerBoost, TrainingJob
+from .replicas import replica_availability
 from .report import format_report
 from .reproduce import PAPER_CLUSTER, PAPER_MODEL, PAPER_REPORTED, ntp_reproduce
 from .specs import CLUSTERS, GB200, ClusterSpec, ModelSpec, ParallelConfig, check_config

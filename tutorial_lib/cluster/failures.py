@@ -9,8 +9,8 @@ what random failures do to data-parallel replicas.
   failure (GPU, start, end); ``down_counts``, ``failed_fraction``, ``down_at``.
   ``fraction_of_time_above``: the share of a trace with more than a given fraction failed.
 - ``random_failures``: a given fraction of GPUs failed, uniformly at random.
-- ``failed_per_domain``, ``failed_per_replica``, ``replica_availability`` and
-  ``expected_replica_availability``: how failures land on scale-up domains and on replicas.
+- ``expected_replica_availability``: the chance that a replica avoids every one of a number of
+  random failures (``cluster.replicas`` counts where given failures land).
 
 Sources: "The Llama 3 Herd of Models" (arXiv 2407.21783), section 3.3.4 "Reliability and
 Operational Challenges" and its Table 5; "Nonuniform-Tensor-Parallelism" (Arfeen et al., arXiv
@@ -35,9 +35,6 @@ __all__ = [
     "simulate_trace",
     "fraction_of_time_above",
     "random_failures",
-    "failed_per_domain",
-    "failed_per_replica",
-    "replica_availability",
     "expected_replica_availability",
     "RECOVERY_DISTS",
     "LLAMA3_INTERRUPTIONS",
@@ -59,13 +56,18 @@ LLAMA3_RATE_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPU
 RECOVERY_DISTS = ("fixed", "exponential", "lognormal")
 
 
-def _check_hours(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive, finite number of hours, got {value!r}.")
+def check_time(name: str, value: float, positive: bool = False) -> float:
+    """``value`` as a float if it is finite and ``>= 0`` (``> 0`` if ``positive``): a time, a
+    rate or a bandwidth of the cluster models; else ValueError naming it."""
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        want = "positive" if positive else ">= 0"
+        raise ValueError(f"{name} must be {want} and finite, got {value!r}.")
+    return float(value)
 
 
-def _check_fraction(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:  # also rejects NaN
+def check_fraction(name: str, value: float) -> None:
+    """ValueError naming ``name`` unless ``value`` lies in [0, 1] (NaN does not)."""
+    if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must lie in [0, 1], got {value!r}.")
 
 
@@ -84,11 +86,10 @@ class Recovery:
     sigma: float = 1.0
 
     def __post_init__(self) -> None:
-        _check_hours("Recovery.mean_hours", self.mean_hours)
+        check_time("Recovery.mean_hours", self.mean_hours, positive=True)
         if self.dist not in RECOVERY_DISTS:
             raise ValueError(f"Recovery.dist must be one of {RECOVERY_DISTS}, got {self.dist!r}.")
-        if not (math.isfinite(self.sigma) and self.sigma > 0):
-            raise ValueError(f"Recovery.sigma must be positive and finite, got {self.sigma!r}.")
+        check_time("Recovery.sigma", self.sigma, positive=True)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` recovery times in hours, float64."""
@@ -121,10 +122,8 @@ class FailureModel:
     software: Recovery = field(default_factory=lambda: Recovery(3.0))
 
     def __post_init__(self) -> None:
-        rate = self.rate_per_gpu_hour
-        if not (math.isfinite(rate) and rate >= 0):
-            raise ValueError(f"rate_per_gpu_hour must be >= 0 and finite, got {rate!r}.")
-        _check_fraction("hardware_fraction", self.hardware_fraction)
+        check_time("rate_per_gpu_hour", self.rate_per_gpu_hour)
+        check_fraction("hardware_fraction", self.hardware_fraction)
         for name in ("hardware", "software"):
             if not isinstance(getattr(self, name), Recovery):
                 raise TypeError(f"FailureModel.{name} must be a Recovery.")
@@ -155,8 +154,7 @@ class FailureModel:
         durations; ``"exponential"`` or ``"lognormal"`` keep the means and add spread.
         ``rate_scale`` multiplies the rate (the NTP paper also considers a 3x higher rate).
         """
-        if not (math.isfinite(rate_scale) and rate_scale >= 0):
-            raise ValueError(f"rate_scale must be >= 0 and finite, got {rate_scale!r}.")
+        check_time("rate_scale", rate_scale)
         return cls(
             rate_per_gpu_hour=LLAMA3_RATE_PER_GPU_HOUR * rate_scale,
             hardware_fraction=LLAMA3_HARDWARE_FRACTION,
@@ -280,10 +278,9 @@ def simulate_trace(
     that would be down in a cluster already running (default 0: all GPUs start healthy).
     """
     n_gpus = check_positive_int(n_gpus, "n_gpus")
-    _check_hours("days", days)
-    _check_hours("step_hours", step_hours)
-    if not (math.isfinite(burn_in_days) and burn_in_days >= 0):
-        raise ValueError(f"burn_in_days must be >= 0 and finite, got {burn_in_days!r}.")
+    check_time("days", days, positive=True)
+    check_time("step_hours", step_hours, positive=True)
+    check_time("burn_in_days", burn_in_days)
     hours, t0 = days * 24.0, -burn_in_days * 24.0
     rng = np.random.default_rng(seed)
     n = rng.poisson(model.rate_per_gpu_hour * n_gpus * (hours - t0))
@@ -314,7 +311,7 @@ def fraction_of_time_above(trace: FailureTrace, threshold: float) -> float:
     """Share of ``[0, trace.hours]`` during which more than ``threshold`` of the GPUs are down
     (strictly more; e.g. 0.001 for the NTP paper's "> 0.1% failed"). Exact: the count of down
     GPUs is constant between failure starts and ends, so no time grid is involved."""
-    _check_fraction("threshold", threshold)
+    check_fraction("threshold", threshold)
     edges = np.concatenate(([0.0, trace.hours], trace.start, trace.end))
     edges = np.unique(np.clip(edges, 0.0, trace.hours))
     above = trace.down_counts(edges[:-1]) > threshold * trace.n_gpus
@@ -325,89 +322,10 @@ def random_failures(n_gpus: int, fraction: float, seed: int = 0) -> np.ndarray:
     """Sorted indices of ``round(fraction * n_gpus)`` distinct GPUs, chosen uniformly at random
     (Python's ``round``: halves go to the even integer)."""
     n_gpus = check_positive_int(n_gpus, "n_gpus")
-    _check_fraction("fraction", fraction)
+    check_fraction("fraction", fraction)
     count = round(fraction * n_gpus)
     rng = np.random.default_rng(seed)
     return np.sort(rng.choice(n_gpus, size=count, replace=False)).astype(np.int64)
-
-
-def _failed_indices(failed: np.ndarray, n_gpus: int) -> np.ndarray:
-    """Failed GPU indices from indices or an (n_gpus,) bool mask; checks range and duplicates."""
-    failed = np.asarray(failed)
-    if failed.dtype == bool:
-        if failed.shape != (n_gpus,):
-            raise ValueError(f"a failure mask must have shape ({n_gpus},), got {failed.shape}.")
-        return np.flatnonzero(failed)
-    if failed.size and not np.issubdtype(failed.dtype, np.integer):
-        raise TypeError(f"failed GPU indices must be integers, got dtype {failed.dtype}.")
-    failed = failed.astype(np.int64).ravel()
-    if failed.size and (failed.min() < 0 or failed.max() >= n_gpus):
-        raise ValueError(f"failed GPU indices must lie in [0, {n_gpus}).")
-    if len(np.unique(failed)) != len(failed):
-        raise ValueError("failed GPU indices contain duplicates; a GPU fails only once.")
-    return failed
-
-
-def _check_domains(n_gpus: int, domain_size: int) -> int:
-    check_positive_int(n_gpus, "n_gpus")
-    check_positive_int(domain_size, "domain_size")
-    if n_gpus % domain_size:
-        raise ValueError(
-            f"n_gpus ({n_gpus}) must be a positive multiple of domain_size ({domain_size})."
-        )
-    return n_gpus // domain_size
-
-
-def failed_per_domain(failed: np.ndarray, n_gpus: int, domain_size: int) -> np.ndarray:
-    """(n_gpus // domain_size,) int64: failed GPUs in each scale-up domain (domain d holds GPUs
-    ``d * domain_size`` to ``(d + 1) * domain_size - 1``). ``failed``: indices or a bool mask."""
-    n_domains = _check_domains(n_gpus, domain_size)
-    idx = _failed_indices(failed, n_gpus)
-    return np.bincount(idx // domain_size, minlength=n_domains).astype(np.int64)
-
-
-def failed_per_replica(
-    n_gpus: int, domain_size: int, tp: int, failed: np.ndarray, gpus_per_replica: int | None = None
-) -> np.ndarray:
-    """(n_replicas,) int64: failed GPUs in each data-parallel replica.
-
-    Layout: a TP group is ``tp`` consecutive GPUs inside one scale-up domain; each domain holds
-    ``domain_size // tp`` of them from its first GPU on, and its last ``domain_size % tp`` GPUs
-    belong to no replica (e.g. TP 64 in a 72-GPU domain leaves 8 spares). A replica is
-    ``gpus_per_replica // tp`` consecutive TP groups (default ``gpus_per_replica = tp``: one
-    group; more when a replica also spans pipeline stages, possibly over several domains).
-    """
-    n_domains = _check_domains(n_gpus, domain_size)
-    gpus_per_replica = tp if gpus_per_replica is None else gpus_per_replica
-    if not 1 <= tp <= domain_size:
-        raise ValueError(f"tp ({tp}) must lie in [1, domain_size={domain_size}].")
-    if gpus_per_replica < tp or gpus_per_replica % tp:
-        raise ValueError(f"gpus_per_replica ({gpus_per_replica}) must be a multiple of tp ({tp}).")
-    per_domain, per_replica = domain_size // tp, gpus_per_replica // tp
-    n_groups = n_domains * per_domain
-    if n_groups % per_replica:
-        raise ValueError(
-            f"{n_groups} TP groups of {tp} do not split into replicas of "
-            f"{per_replica} groups ({gpus_per_replica} GPUs)."
-        )
-    idx = _failed_indices(failed, n_gpus)
-    domain, offset = np.divmod(idx, domain_size)
-    used = offset < per_domain * tp  # failures on a domain's spare GPUs hit no replica
-    group = domain[used] * per_domain + offset[used] // tp
-    return np.bincount(group // per_replica, minlength=n_groups // per_replica).astype(np.int64)
-
-
-def replica_availability(
-    n_gpus: int, domain_size: int, tp: int, failed: np.ndarray, gpus_per_replica: int | None = None
-) -> float:
-    """Fraction of data-parallel replicas without a failed GPU (layout: ``failed_per_replica``).
-
-    With uniform TP a replica with one failed GPU is out, so this is the share of the cluster's
-    replicas that can still train; for F failures placed uniformly at random its expectation is
-    ``expected_replica_availability(n_gpus, gpus_per_replica, F)``.
-    """
-    counts = failed_per_replica(n_gpus, domain_size, tp, failed, gpus_per_replica)
-    return float(np.mean(counts == 0))
 
 
 def expected_replica_availability(n_gpus: int, gpus_per_replica: int, n_failed: int) -> float:

@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .failures import FailureModel, FailureTrace
+from .failures import FailureModel, FailureTrace, check_time
 from .packing import Best, best_plans
 from .plan_options import PLAN_POLICIES, option_table
 from .replica_cost import TrainingJob
@@ -64,14 +64,6 @@ __all__ = [
 
 # Where the wall time that is not goodput goes (``GoodputResult.breakdown``'s keys).
 BREAKDOWN = ("lost_work", "restart", "checkpoint", "degraded")
-
-
-def _check_time(name: str, value: float, positive: bool = False) -> float:
-    ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
-    if not ok:
-        want = "positive" if positive else ">= 0"
-        raise ValueError(f"{name} must be {want} and finite, got {value!r}.")
-    return float(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,9 +102,9 @@ class RestartCost:
 
     def __post_init__(self) -> None:
         for name in ("detect_s", "restart_s", "replan_s"):
-            _check_time(f"RestartCost.{name}", getattr(self, name))
+            check_time(f"RestartCost.{name}", getattr(self, name))
         for name in ("read_bandwidth", "write_bandwidth", "bytes_per_param"):
-            _check_time(f"RestartCost.{name}", getattr(self, name), positive=True)
+            check_time(f"RestartCost.{name}", getattr(self, name), positive=True)
 
     def checkpoint_bytes(self, job: TrainingJob) -> float:
         """Bytes of one checkpoint of ``job``'s model: parameters x ``bytes_per_param``."""
@@ -150,7 +142,7 @@ class RestartCost:
     def expected_lost_s(self, interval_s: float) -> float:
         """Compute lost per failure on average under random failures: half an interval
         (first order; ``simulate_goodput`` counts the exact loss of each failure)."""
-        return _check_time("interval_s", interval_s) / 2
+        return check_time("interval_s", interval_s) / 2
 
     def as_dict(self, job: TrainingJob) -> dict[str, float]:
         """The parameters and what they give for ``job`` (for ``ntp_reproduce``'s setup)."""
@@ -168,8 +160,8 @@ class RestartCost:
 def young_interval(checkpoint_write_s: float, mtbf_s: float) -> float:
     """Young (1974): compute time between checkpoints ``sqrt(2 delta M)`` that minimises the
     first-order waste delta / tau + tau / (2 M); ``delta`` the write time, ``M`` the MTBF."""
-    d = _check_time("checkpoint_write_s", checkpoint_write_s, positive=True)
-    m = _check_time("mtbf_s", mtbf_s, positive=True)
+    d = check_time("checkpoint_write_s", checkpoint_write_s, positive=True)
+    m = check_time("mtbf_s", mtbf_s, positive=True)
     return math.sqrt(2 * d * m)
 
 
@@ -178,8 +170,8 @@ def daly_interval(checkpoint_write_s: float, mtbf_s: float) -> float:
     ``sqrt(2 delta M) [1 + sqrt(delta / 2M) / 3 + (delta / 2M) / 9] - delta`` for delta < 2M,
     else M. Reproduces Daly's figure results (delta = 5 min: M = 24 h -> 117 min, 6 h -> 57 min,
     15 min -> 9.1 min)."""
-    d = _check_time("checkpoint_write_s", checkpoint_write_s, positive=True)
-    m = _check_time("mtbf_s", mtbf_s, positive=True)
+    d = check_time("checkpoint_write_s", checkpoint_write_s, positive=True)
+    m = check_time("mtbf_s", mtbf_s, positive=True)
     if d >= 2 * m:
         return m
     x = d / (2 * m)
@@ -199,11 +191,11 @@ def expected_goodput(
     work, so goodput = throughput x (tau / M) e^(-R/M) / (e^((tau + delta)/M) - 1), with
     ``throughput`` the mean relative throughput the job runs at. Young's and Daly's intervals
     approximate its maximiser."""
-    _check_time("throughput", throughput)
-    tau = _check_time("interval_s", interval_s, positive=True)
-    d = _check_time("checkpoint_write_s", checkpoint_write_s)
-    r = _check_time("downtime_s", downtime_s)
-    m = _check_time("mtbf_s", mtbf_s, positive=True)
+    check_time("throughput", throughput)
+    tau = check_time("interval_s", interval_s, positive=True)
+    d = check_time("checkpoint_write_s", checkpoint_write_s)
+    r = check_time("downtime_s", downtime_s)
+    m = check_time("mtbf_s", mtbf_s, positive=True)
     return throughput * tau / m * math.exp(-r / m) / math.expm1((tau + d) / m)
 
 
@@ -352,7 +344,7 @@ def simulate_goodput(
     leaves idle interrupts too (a small overcount). The trace starts from a checkpoint with
     the GPUs down at time 0 planned for; the work since the last checkpoint at its end is kept.
     """
-    tau = _check_time("interval_h", interval_h, positive=True)
+    tau = check_time("interval_h", interval_h, positive=True)
     restart = RestartCost() if restart is None else restart
     seg = _segments(job, trace, policy, restart)
     hours = _account(seg, np.array([tau]), restart.write_s(job) / 3600)

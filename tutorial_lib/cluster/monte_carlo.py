@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checks import check_positive_int
-from .failures import FailureTrace, replica_availability
+from .failures import FailureTrace
 from .packing import best_plans, candidates, evaluate, pack
 from .plan_options import PLAN_POLICIES
 from .replica_cost import TrainingJob
+from .replicas import replica_availability
 
 __all__ = ["throughput_samples", "availability_samples", "SpareResult", "spare_domains"]
 

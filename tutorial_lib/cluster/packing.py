@@ -18,6 +18,7 @@ import numpy as np
 
 from .plan_options import PLAN_POLICIES, option_table
 from .replica_cost import TrainingJob
+from .replicas import failed_indices
 
 __all__ = [
     "Candidate",
@@ -64,21 +65,7 @@ class Best(NamedTuple):
 
 def slot_failures(job: TrainingJob, failed: np.ndarray) -> np.ndarray:
     """(n_slots,) int64 failed GPUs per TP group; ``failed``: GPU indices or an (n_gpus,) bool mask."""
-    n = job.cluster.n_gpus
-    failed = np.asarray(failed)
-    if failed.dtype == bool:
-        if failed.shape != (n,):
-            raise ValueError(f"a failure mask must have shape ({n},), got {failed.shape}.")
-        failed = np.flatnonzero(failed)
-    if failed.size > n:
-        raise ValueError(f"{failed.size} failed GPUs, but the cluster has only {n}.")
-    if failed.size and not np.issubdtype(failed.dtype, np.integer):
-        raise TypeError(f"failed GPU indices must be integers, got dtype {failed.dtype}.")
-    failed = failed.astype(np.int64).ravel()
-    if failed.size and (failed.min() < 0 or failed.max() >= n):
-        raise ValueError(f"failed GPU indices must lie in [0, {n}).")
-    if len(np.unique(failed)) != len(failed):
-        raise ValueError("failed GPU indices contain duplicates; a GPU fails only once.")
+    failed = failed_indices(failed, job.cluster.n_gpus)
     return np.bincount(failed // job.base_tp, minlength=job.n_slots).astype(np.int64)
 
 

@@ -62,13 +62,9 @@ import numpy as np
 from .packing import Candidate, best_plans, slot_failures
 from .plan_options import option_table
 from .replica_cost import TrainingJob
+from .replicas import failed_indices
 
 __all__ = ["ReplicaAssignment", "ClusterPlan", "plan_cluster"]
-
-
-def _failed_indices(failed: np.ndarray) -> np.ndarray:
-    failed = np.asarray(failed)
-    return np.flatnonzero(failed) if failed.dtype == bool else failed.astype(np.int64).ravel()
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,7 +130,7 @@ def plan_cluster(job: TrainingJob, failed: np.ndarray, policy: str) -> ClusterPl
     one replica and never a failed one."""
     counts = slot_failures(job, failed)
     down = np.zeros(job.n_slots * job.base_tp, bool)
-    down[_failed_indices(failed)] = True
+    down[failed_indices(failed, job.cluster.n_gpus)] = True
     best = best_plans(job, counts, policy)
     won = best.evaluations[int(best.choice[0])]
     cand, batches = won.candidate, won.batches
