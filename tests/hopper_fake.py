@@ -74,7 +74,6 @@ def stand_in_hopper(calls: list[GemmCall]) -> Iterator[None]:
     GEMM calls instead of running them."""
     import tutorial_lib.fp8.gemm as gemm
     import tutorial_lib.fp8.native as native
-    import tutorial_lib.fp8.policy as policy
     import tutorial_lib.precision as precision
 
     def gpu(device: torch.device | str) -> tuple[str, tuple[int, int]]:
@@ -109,7 +108,7 @@ def stand_in_hopper(calls: list[GemmCall]) -> Iterator[None]:
         return torch.empty(a["mat_a"].shape[0], a["mat_b"].shape[1], dtype=a["out_dtype"])
 
     with contextlib.ExitStack() as stack:
-        for module in (policy, native, precision):
+        for module in (native, precision):
             stack.enter_context(mock.patch.object(module, "cuda_capability", gpu))
         stack.enter_context(mock.patch.object(native, "_torch_cuda", lambda: CUDA))
         # the "-emulated" policies registered for Hopper stay out of the other tests' registry

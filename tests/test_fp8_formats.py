@@ -15,14 +15,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tutorial_lib.formats import BF16, round_to_format
+from tutorial_lib.formats import BF16, finite_values, round_to_format
 from tutorial_lib.fp8 import (
     E4M3,
     E5M2,
     FP8_FORMATS,
     FP8Format,
     dequantize,
-    finite_fp8_values,
     get_fp8_format,
     quantize,
 )
@@ -121,12 +120,10 @@ def test_quantize_reproduces_every_code(fmt: FP8Format) -> None:
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
-def test_finite_fp8_values(fmt: FP8Format) -> None:
+def test_finite_values(fmt: FP8Format) -> None:
     values = decoded(fmt)
     finite = sorted({v for v in values.tolist() if math.isfinite(v)})  # -0 == 0 merges
-    assert finite_fp8_values(fmt).tolist() == finite
-    for alias in (fmt.name.lower(), fmt.torch_dtype):  # the format by name or dtype
-        assert finite_fp8_values(alias).tolist() == finite
+    assert finite_values(fmt).tolist() == finite
     assert len(finite) == (253 if fmt is E4M3 else 247)
 
 
@@ -151,7 +148,7 @@ def test_specials_saturate_and_keep_nan(fmt: FP8Format) -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 def test_ties_round_to_even(fmt: FP8Format) -> None:
-    v = finite_fp8_values(fmt)
+    v = finite_values(fmt)
     mids = ((v[1:] + v[:-1]) / 2).float()  # exact in float32: FP8 values have few bits
     assert torch.equal(mids.double(), (v[1:] + v[:-1]) / 2)
     got = quantize(mids, fmt, 1.0)

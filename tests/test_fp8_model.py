@@ -13,7 +13,7 @@ GRID = [128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288
 
 def _toy(bf16: float, fp8: float, bandwidth: float) -> DeviceSpec:
     """Round numbers, so that expected times can be worked out by hand."""
-    return DeviceSpec("toy", {"bf16": bf16, "fp8": fp8}, bandwidth, 1e9, None, "test")
+    return DeviceSpec("toy", {"bf16": bf16, "fp8": fp8}, bandwidth, "test")
 
 
 def test_hand_computed_compute_bound() -> None:

@@ -279,15 +279,6 @@ def test_dequantize_returns_the_input_dtype() -> None:
         assert q.dequantize(torch.float64).dtype == torch.float64
 
 
-def test_te_shape_rules_are_reported() -> None:
-    assert make("mxfp8", "input").te_shape_problem((64, 96)) is None
-    assert "% 32" in str(make("mxfp8", "input").te_shape_problem((33, 64)))
-    assert "% 128" in str(make("block", "weight").te_shape_problem((128, 100)))
-    assert make("nvfp4", "input").te_shape_problem((2, 8, 32)) is None
-    assert make("current", "input").te_shape_problem((8, 16)) is None
-    assert make("current", "input").te_shape_problem((7, 16)) is not None
-
-
 # ---- per-tensor recipes ----------------------------------------------------------------------
 @pytest.mark.parametrize("role", ROLES)
 def test_current_matches_quantize_with_max_over_amax_bit_for_bit(role: str) -> None:

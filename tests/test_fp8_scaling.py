@@ -10,7 +10,6 @@ harmless.) The amax reduction runs for real on two gloo processes.
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import multiprocessing
 from collections.abc import Callable
@@ -34,13 +33,12 @@ from tutorial_lib.fp8 import (
     GRAD_OUTPUT1,
     DelayedScaling,
     Format,
-    FP8BwdTensors,
-    FP8FwdTensors,
     FP8ModuleState,
     ScalingMeta,
     reduce_amax,
     update_amax_and_scale,
 )
+from tutorial_lib.fp8.quantizers.base import tensor_amax
 
 INF, NAN = math.inf, math.nan
 
@@ -140,7 +138,7 @@ def test_recipe_mirrors_te_names_and_defaults() -> None:
     assert (r.fwd_format, r.bwd_format) == (E4M3, E5M2)
     e4m3 = DelayedScaling(fp8_format=Format.E4M3)
     assert (e4m3.fwd_format, e4m3.bwd_format) == (E4M3, E4M3)
-    assert (Format.HYBRID.max_fwd, Format.HYBRID.max_bwd) == (448, 57344)
+    assert (Format.HYBRID.fwd.max, Format.HYBRID.bwd.max) == (448, 57344)
     assert repr(Format.HYBRID) == "Format.HYBRID"
     assert DelayedScaling(amax_compute_algo=min_algo).amax_compute_algo is min_algo
 
@@ -172,7 +170,6 @@ def test_package_exports_every_public_name() -> None:
 def test_tensor_indices_match_te() -> None:
     assert (GEMM1_INPUT, GEMM1_WEIGHT, GEMM1_OUTPUT) == (0, 1, 2)
     assert (GRAD_OUTPUT1, GRAD_INPUT1) == (0, 1)
-    assert FP8FwdTensors.GEMM2_INPUT == 3 and FP8BwdTensors.GRAD_OUTPUT2 == 2
 
 
 # ---- the update rule, by hand --------------------------------------------------------------------
@@ -315,28 +312,19 @@ def test_update_is_bitwise_the_naive_reference(case: dict) -> None:
 
 
 # ---- state ---------------------------------------------------------------------------------------
-def test_record_amax_keeps_the_step_maximum() -> None:
+def record(meta: ScalingMeta, index: int, tensor: torch.Tensor) -> None:
+    """What a delayed-scaling cast records: the tensor's amax folded into row 0."""
+    meta.fold_amax(index, tensor_amax(tensor))
+
+
+def test_fold_amax_keeps_the_step_maximum() -> None:
     meta = ScalingMeta.create(num_tensors=3, history_len=4)
-    meta.record_amax(GEMM1_INPUT, torch.tensor([1.0, -6.0, 2.0]))
-    meta.record_amax(GEMM1_INPUT, torch.tensor([5.0]))  # quantized twice: the larger stays
-    meta.record_amax(GEMM1_WEIGHT, torch.tensor([NAN, -3.0]).bfloat16())  # NaN skipped
-    meta.record_amax(GEMM1_OUTPUT, torch.tensor([INF, 1.0]))
+    record(meta, GEMM1_INPUT, torch.tensor([1.0, -6.0, 2.0]))
+    record(meta, GEMM1_INPUT, torch.tensor([5.0]))  # quantized twice: the larger stays
+    record(meta, GEMM1_WEIGHT, torch.tensor([NAN, -3.0]).bfloat16())  # NaN skipped
+    record(meta, GEMM1_OUTPUT, torch.tensor([INF, 1.0]))
     assert meta.amax_history[0].tolist() == [6.0, 3.0, INF]
     assert meta.amax_history[1:].eq(0).all()
-
-
-def test_calibrate_amax_overwrites_row_0_as_te_calibrate() -> None:
-    """TE's ``Float8Quantizer.calibrate``: ``max(-amin, amax)`` copied into the slot, so the
-    latest tensor wins (no running max) and NaN propagates (issue 17)."""
-    meta = ScalingMeta.create(num_tensors=3, history_len=4)
-    meta.calibrate_amax(GEMM1_INPUT, torch.tensor([1.0, -4.0, 2.0]))
-    meta.calibrate_amax(GEMM1_INPUT, torch.tensor([2.0, -1.0]).bfloat16())  # smaller: it wins
-    meta.calibrate_amax(GEMM1_WEIGHT, torch.tensor([NAN, -3.0]))
-    meta.calibrate_amax(GEMM1_OUTPUT, torch.tensor([-INF, 1.0]))
-    assert meta.amax_history[0, GEMM1_INPUT] == 2.0 and meta.amax_history[0, 2] == INF
-    assert torch.isnan(meta.amax_history[0, GEMM1_WEIGHT])
-    meta.calibrate_amax(GEMM1_WEIGHT, torch.tensor([]))
-    assert meta.amax_history[0, GEMM1_WEIGHT] == 0.0 and meta.amax_history[1:].eq(0).all()
 
 
 @settings(max_examples=40, deadline=None)
@@ -359,42 +347,25 @@ def test_meta_update_refreshes_scale_inv(case: dict) -> None:
     assert_bitwise(meta.scale_inv, want_inv)
 
 
-def test_module_state_shapes_and_formats() -> None:
+def fresh_state(recipe: DelayedScaling) -> FP8ModuleState:
+    """One GEMM's state (3 forward, 2 backward tensors), as a fresh FP8Linear holds it."""
+    length = recipe.amax_history_len
+    return FP8ModuleState(ScalingMeta.create(3, length), ScalingMeta.create(2, length))
+
+
+def test_module_state_formats() -> None:
     recipe = DelayedScaling(amax_history_len=16)
-    state = FP8ModuleState.from_recipe(recipe)
-    assert state.forward.amax_history.shape == (16, 3) and state.backward.scale.shape == (2,)
-    two = FP8ModuleState.from_recipe(recipe, num_gemms=2)
-    assert (two.forward.num_tensors, two.backward.num_tensors) == (6, 4)
-    state.forward.record_amax(GEMM1_INPUT, torch.tensor([2.0]))
-    state.backward.record_amax(GRAD_OUTPUT1, torch.tensor([2.0]))
+    state = fresh_state(recipe)
+    record(state.forward, GEMM1_INPUT, torch.tensor([2.0]))
+    record(state.backward, GRAD_OUTPUT1, torch.tensor([2.0]))
     state.update(recipe, forward=True)
     state.update(recipe, forward=False)
     assert state.forward.scale.tolist() == [224.0, 1.0, 1.0]  # E4M3 forward
     assert state.backward.scale.tolist() == [28672.0, 1.0]  # E5M2 backward under HYBRID
     e4m3 = DelayedScaling(fp8_format=Format.E4M3, amax_history_len=16)
-    state.backward.record_amax(GRAD_OUTPUT1, torch.tensor([2.0]))
+    record(state.backward, GRAD_OUTPUT1, torch.tensor([2.0]))
     state.update(e4m3, forward=False)
     assert state.backward.scale[0].item() == 224.0
-
-
-def test_state_dict_round_trip_and_mismatch_errors() -> None:
-    recipe = DelayedScaling(amax_history_len=8)
-    state = FP8ModuleState.from_recipe(recipe)
-    state.forward.record_amax(GEMM1_WEIGHT, torch.tensor([3.0]))
-    state.update(recipe, forward=True)
-    buffer = io.BytesIO()
-    torch.save(state.state_dict(), buffer)
-    fresh = FP8ModuleState.from_recipe(recipe)
-    fresh.load_state_dict(torch.load(io.BytesIO(buffer.getvalue())))
-    for a, b in ((fresh.forward, state.forward), (fresh.backward, state.backward)):
-        assert a.state_dict().keys() == b.state_dict().keys()
-        assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
-    with pytest.raises(ValueError, match=r"length 8.*DelayedScaling\(amax_history_len=8\)"):
-        FP8ModuleState.from_recipe(DelayedScaling()).load_state_dict(state.state_dict())
-    with pytest.raises(ValueError, match="number of GEMMs"):
-        FP8ModuleState.from_recipe(recipe, num_gemms=2).load_state_dict(state.state_dict())
-    with pytest.raises(KeyError, match="forward"):
-        fresh.load_state_dict({"forward": state.forward.state_dict()})
 
 
 # ---- amax reduction ------------------------------------------------------------------------------
@@ -411,8 +382,8 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         local = torch.tensor([1.0 + rank, 5.0 - rank, 0.0, 2.0 * rank])
         singles = [dist.new_group([r]) for r in range(world)]  # every rank creates every group
         recipe = DelayedScaling(amax_history_len=4)
-        state = FP8ModuleState.from_recipe(recipe)
-        state.forward.record_amax(GEMM1_INPUT, torch.full((8,), 3.0 * (rank + 1)))
+        state = fresh_state(recipe)
+        record(state.forward, GEMM1_INPUT, torch.full((8,), 3.0 * (rank + 1)))
         reduced = reduce_amax(state.forward.amax_history[0])
         state.update(recipe, forward=True, reduced_amax=reduced)
         result = {

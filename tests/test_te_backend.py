@@ -3,11 +3,11 @@
 
 Three groups:
     - without TE (every machine here): the module imports, reports TE missing, fails clearly;
-    - with a *stand-in* TE installed into ``sys.modules`` (``fake_te``): the plumbing (layer
-      factory, model conversion, fused or not, recipe and autocast dispatch) on the CPU. The
-      stand-in's signatures are the subset of TE's that ``TE_API_USED`` declares and its
-      parameter names are ``TE_PARAMETER_NAMES``; ``test_te_contract.py`` checks both against
-      TE's real source (and that TE's "gelu" is the tanh approximation the stand-in computes);
+    - with a *stand-in* TE installed into ``sys.modules`` (``fake_te``): the plumbing (model
+      conversion, fused or not, recipe and autocast dispatch) on the CPU. The stand-in's
+      signatures are the subset of TE's that ``TE_API_USED`` declares and its parameter names
+      are ``TE_PARAMETER_NAMES`` (both in ``te_contract_tables``); ``test_te_contract.py`` checks
+      both against TE's real source (and that TE's "gelu" is the tanh approximation the stand-in computes);
     - with TE and an sm_89+ GPU: training parity with BF16 and our ``fp8`` policy (and of
       ``te-fp8-fused`` with ``te-fp8``), and TE's amax histories and scales (skipped elsewhere,
       with the reason).
@@ -20,7 +20,6 @@ import copy
 import dataclasses
 import enum
 import functools
-import math
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -30,20 +29,16 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from te_contract_tables import TE_FWD_INDEX, TE_PARAMETER_NAMES
 from torch import nn
 
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
+from tutorial_lib.fp8.convert import fp8_layer_problems
 from tutorial_lib.fp8.policy import FP8_LOSS_TOLERANCE
-from tutorial_lib.fp8.te_contract import (
-    TE_FWD_INDEX,
-    TE_GPU_NEEDS,
-    TE_PARAMETER_NAMES,
-    TE_RECIPE_FIELDS,
-    TE_RECIPE_QPARAMS,
-)
-from tutorial_lib.fp8.te_convert import TEFusedMLP, TELayers, convert_to_te, fp8_shape_problems
+from tutorial_lib.fp8.te_contract import TE_GPU_NEEDS, TE_RECIPE_FIELDS, TE_RECIPE_QPARAMS
+from tutorial_lib.fp8.te_convert import TEFusedMLP, convert_to_te
 from tutorial_lib.fp8.te_policy import (
     TE_FUSED_POLICY_NAME,
     TE_POLICY_NAME,
@@ -53,12 +48,10 @@ from tutorial_lib.fp8.te_policy import (
     register_te_policy,
     te_autocast,
     te_recipe,
-    te_recipe_by_name,
     te_recipe_kind,
     te_recipe_kwargs,
     te_recipe_options,
     te_recipe_short_name,
-    te_scaling_state,
 )
 from tutorial_lib.hardware import te_available
 from tutorial_lib.model import GPT
@@ -104,12 +97,10 @@ def test_reports_te_missing_with_reason() -> None:
     [
         lambda: te_autocast().__enter__(),
         lambda: te_recipe(),
-        lambda: TELayers(device="cpu").linear(16, 16, True, "mlp.fc"),
-        lambda: TELayers(device="cpu").layernorm(16, True),
         lambda: convert_to_te(nn.Sequential(nn.Linear(16, 16))),
         lambda: convert_to_te(GPT(FP8_CFG), fused=True),
     ],
-    ids=["te_autocast", "te_recipe", "linear", "layernorm", "convert_to_te", "fused"],
+    ids=["te_autocast", "te_recipe", "convert_to_te", "fused"],
 )
 def test_needing_te_raises_with_reason_and_install_route(call: Callable[[], object]) -> None:
     with pytest.raises(RuntimeError) as info:
@@ -239,17 +230,17 @@ def test_recipe_kwargs_refuse(recipe: object, error: type[Exception], match: str
 
 # ---- shapes ------------------------------------------------------------------------------------
 def test_shape_problems_name_the_layers(tiny_cfg: GPTConfig) -> None:
-    problems = fp8_shape_problems(GPT(tiny_cfg))  # width 36: every Linear is off
+    problems = fp8_layer_problems(GPT(tiny_cfg))  # width 36: every Linear is off
     assert len(problems) == 4 * tiny_cfg.n_layer
     assert any(p.startswith("blocks.0.attn.qkv: 36 -> 108") for p in problems)
-    assert fp8_shape_problems(GPT(FP8_CFG)) == []
+    assert fp8_layer_problems(GPT(FP8_CFG)) == []
 
 
 def test_shape_problems_skip_a_tied_head() -> None:
     emb = nn.Embedding(100, 32)
     head = nn.Linear(32, 100, bias=False)
     head.weight = emb.weight  # tied: 100 is not a multiple of 16, but the head is not converted
-    assert fp8_shape_problems(nn.ModuleDict({"emb": emb, "head": head})) == []
+    assert fp8_layer_problems(nn.ModuleDict({"emb": emb, "head": head})) == []
 
 
 # ---- a stand-in TE on the CPU ------------------------------------------------------------------
@@ -538,31 +529,6 @@ def test_fake_te_counts_as_available(fake_te: FakeTE) -> None:
     assert te_available() == (True, "transformer_engine.pytorch imports")
 
 
-def test_telayers_build_the_gpt(fake_te: FakeTE) -> None:
-    torch.manual_seed(0)
-    model = GPT(FP8_CFG, layers=TELayers(device="cpu"))
-    linears = [m for m in model.modules() if isinstance(m, _FakeLinear)]
-    norms = [m for m in model.modules() if isinstance(m, _FakeLayerNorm)]
-    assert len(linears) == 4 * FP8_CFG.n_layer and len(norms) == 2 * FP8_CFG.n_layer + 1
-    assert not any(isinstance(m, nn.Linear | nn.LayerNorm) for m in model.modules())
-    fc = model.blocks[0].mlp.fc.weight  # GPT-2 init N(0, 0.02) via init_method, not TE's 0.023
-    assert fc.std().item() == pytest.approx(0.02, rel=0.05)
-    proj = torch.cat([b.mlp.proj.weight.flatten() for b in model.blocks])
-    assert proj.std().item() == pytest.approx(0.02 / math.sqrt(2 * FP8_CFG.n_layer), rel=0.05)
-    logits, loss = model(torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16)))
-    assert logits.shape == (2, 16, 256) and torch.isfinite(loss)
-
-
-def test_telayers_pin_a_missing_bias_to_zero(fake_te: FakeTE) -> None:
-    layers = TELayers(device="cpu", params_dtype=torch.float64)
-    norm = layers.layernorm(32, bias=False)
-    assert not norm.bias.requires_grad and torch.all(norm.bias == 0)
-    assert norm.weight.requires_grad and norm.weight.dtype == torch.float64
-    assert layers.linear(32, 64, False, "attn.qkv").bias.numel() == 0  # as TE: empty, not None
-    with pytest.raises(ValueError, match="Unknown linear role"):
-        layers.linear(32, 64, True, "lm_head")
-
-
 def test_convert_keeps_the_function(fake_te: FakeTE) -> None:
     torch.manual_seed(0)
     model = GPT(FP8_CFG.replace(bias=False)).eval()
@@ -781,6 +747,28 @@ def test_policy_check_with_te_on_gpus(fake_te: FakeTE, monkeypatch: pytest.Monke
     assert "Transformer Engine is missing" not in str(info.value)
 
 
+def te_scaling_state(module: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
+    """Copies of a TE module's delayed-scaling state, read from ``module.fp8_meta``.
+
+    Returns ``{"forward": {"amax_history": (L, 3), "scale": (3,)}, "backward": {... (L, 2),
+    (2,)}}`` for a ``te.Linear`` (forward columns: ``TE_FWD_INDEX``); a direction is
+    missing until the module has run under FP8 autocast. Row 0 of a history holds the amax being
+    collected for the next update; older values sit in the rows below it, newest last.
+    """
+    meta = getattr(module, "fp8_meta", None)
+    if not isinstance(meta, dict):
+        raise TypeError(f"{type(module).__name__} has no TE fp8_meta; pass a TE module.")
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for key, direction in (("scaling_fwd", "forward"), ("scaling_bwd", "backward")):
+        state = meta.get(key)
+        if state is not None and hasattr(state, "amax_history"):
+            out[direction] = {
+                "amax_history": state.amax_history.detach().clone(),
+                "scale": state.scale.detach().clone(),
+            }
+    return out
+
+
 def test_scaling_state_reads_fp8_meta() -> None:
     module = nn.Module()
     module.fp8_meta = {
@@ -807,7 +795,6 @@ def test_every_recipe_by_te_name_and_short_name(fake_te: FakeTE) -> None:
     assert set(TE_RECIPE_SHORT_NAMES.values()) == set(FAKE_RECIPES) == set(TE_RECIPE_FIELDS)
     for short, cls_name in TE_RECIPE_SHORT_NAMES.items():
         for name in (short, cls_name, cls_name.lower(), short.upper()):
-            assert type(te_recipe_by_name(name)) is FAKE_RECIPES[cls_name], name
             assert type(te_recipe(name)) is FAKE_RECIPES[cls_name], name
             assert te_recipe_kind(name) == te_recipe_short_name(name) == short
     assert te_recipe("delayed") == te_recipe() == _FakeDelayedScaling()
@@ -823,15 +810,15 @@ def test_unknown_recipe_names_list_the_valid_ones(name: str) -> None:
 
 
 def test_recipe_options_reach_te(fake_te: FakeTE) -> None:
-    current = te_recipe_by_name("Float8CurrentScaling", fp8_format="E4M3", fp8_dpa=True)
+    current = te_recipe("Float8CurrentScaling", fp8_format="E4M3", fp8_dpa=True)
     assert current == _FakeFloat8CurrentScaling(fp8_format=_FakeFormat.E4M3, fp8_dpa=True)
     delayed = te_recipe("delayed", amax_history_len=16, fp8_format=_FakeFormat.E4M3)
     assert delayed == _FakeDelayedScaling(amax_history_len=16, fp8_format=_FakeFormat.E4M3)
     assert te_recipe(None, margin=2) == _FakeDelayedScaling(margin=2)
-    block = te_recipe_by_name("block", w_block_scaling_dim=1, grad_block_scaling_dim=2)
+    block = te_recipe("block", w_block_scaling_dim=1, grad_block_scaling_dim=2)
     assert (block.w_block_scaling_dim, block.grad_block_scaling_dim) == (1, 2)
-    assert te_recipe_by_name("mxfp8", margin=1) == _FakeMXFP8BlockScaling(margin=1)
-    nvfp4 = te_recipe_by_name("nvfp4", disable_rht=True, fp4_format="e2m1")
+    assert te_recipe("mxfp8", margin=1) == _FakeMXFP8BlockScaling(margin=1)
+    nvfp4 = te_recipe("nvfp4", disable_rht=True, fp4_format="e2m1")
     assert nvfp4 == _FakeNVFP4BlockScaling(disable_rht=True)
 
 
@@ -865,7 +852,7 @@ def test_te_refusals_become_value_errors(
     fake_te: FakeTE, name: str, options: dict[str, Any], match: str
 ) -> None:
     with pytest.raises(ValueError, match=f"TE's .* refuses .*{match}"):
-        te_recipe_by_name(name, **options)
+        te_recipe(name, **options)
 
 
 @pytest.mark.parametrize(
@@ -877,10 +864,10 @@ def test_scale_flags_reach_the_quantizer_params(
 ) -> None:
     """TE's modules read fp8_quant_*.power_2_scale, fixed at TE's import; the flag is copied in."""
     cls = FAKE_RECIPES[TE_RECIPE_SHORT_NAMES[name]]
-    untouched = te_recipe_by_name(name)
+    untouched = te_recipe(name)
     assert all(getattr(untouched, q).power_2_scale is default for q in TE_RECIPE_QPARAMS)
     for value in (True, False):
-        recipe = te_recipe_by_name(name, **{flag: value})
+        recipe = te_recipe(name, **{flag: value})
         power_2 = value if name == "current" else not value
         assert getattr(recipe, flag) is value
         assert all(getattr(recipe, q).power_2_scale is power_2 for q in TE_RECIPE_QPARAMS)
@@ -1042,7 +1029,7 @@ def _our_scaling_state(module: nn.Module) -> dict[str, dict[str, torch.Tensor]] 
 def test_te_gpt_trains_and_keeps_extra_state() -> None:
     device = _fp8_gpu_or_skip()
     torch.manual_seed(0)
-    model = GPT(FP8_CFG, layers=TELayers()).to(device)
+    model = convert_to_te(GPT(FP8_CFG).to(device))
     idx = torch.randint(0, 256, (GPU_BATCH, FP8_CFG.block_size), device=device)
     with torch.autocast("cuda", dtype=torch.bfloat16), te_autocast(recipe=None):
         _, loss = model(idx, idx)
@@ -1077,9 +1064,7 @@ def test_te_fp8_matches_bf16_and_ours(
     for name in seen[0]:
         _check_te_scaling_state(te_scaling_state(te_model.get_submodule(name)), name, seen)
 
-    ours = POLICIES.get("fp8")
-    if ours is None:
-        pytest.skip("our 'fp8' policy is not registered (tutorial_lib.fp8 has not added it yet)")
+    ours = get_policy("fp8")
     our_losses, our_model, _ = _train(ours, model, data(), device)
     assert max(abs(a - b) for a, b in zip(te_losses, our_losses, strict=True)) < FP8_LOSS_TOLERANCE
     w = TE_FWD_INDEX["weight"]

@@ -2,10 +2,11 @@
 
 TE cannot be imported without its CUDA core, so this reads TE's Python source, unpacked by
 ``scripts/fetch_te_source.py`` into ``.cache/te/<version>/``, with ``ast``; nothing is imported.
-What is checked comes from ``tutorial_lib.fp8.te_contract``: every callable in ``TE_API_USED``
-accepts the keyword arguments we pass, every name in ``TE_API_NAMED`` exists, the defaults in
-``TE_DEFAULTS_ASSUMED`` hold, the modules register the parameters ``TE_PARAMETER_NAMES`` copies
-weights into, and the ``Format`` members exist. A further test checks that the backend's
+What is checked comes from ``te_contract_tables`` (beside this file) and
+``tutorial_lib.fp8.te_contract``: every callable in ``TE_API_USED`` accepts the keyword arguments
+we pass, every name in ``TE_API_NAMED`` exists, the defaults in ``TE_DEFAULTS_ASSUMED`` hold, the
+modules register the parameters ``TE_PARAMETER_NAMES`` copies weights into, and the ``Format``
+members exist. A further test checks that the backend's
 modules (``te_contract``, ``te_convert``, ``te_policy``) pass TE no keyword that ``TE_API_USED``
 does not declare, so the contract grows with the backend.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import te_contract_tables as tables
 
 from tutorial_lib.fp8 import te_contract, te_convert, te_policy
 
@@ -261,39 +263,39 @@ def test_wheel_carries_the_pytorch_api_source(te_tree: SourceTree) -> None:
         assert (te_tree.root / required).is_file(), required
 
 
-@pytest.mark.parametrize("qualname", sorted(te_contract.TE_API_USED))
+@pytest.mark.parametrize("qualname", sorted(tables.TE_API_USED))
 def test_used_callables_accept_our_keywords(te_tree: SourceTree, qualname: str) -> None:
     found = te_tree.resolve(qualname)
     assert found is not None, f"{qualname} does not exist in TE at {te_tree.root.name}"
     params = te_tree.params(found)
-    unknown = set(te_contract.TE_API_USED[qualname]) - set(params.names)
+    unknown = set(tables.TE_API_USED[qualname]) - set(params.names)
     assert not unknown, f"{qualname} takes no {sorted(unknown)}; it takes {sorted(params.names)}"
 
 
-@pytest.mark.parametrize("qualname", te_contract.TE_API_NAMED)
+@pytest.mark.parametrize("qualname", tables.TE_API_NAMED)
 def test_named_api_exists(te_tree: SourceTree, qualname: str) -> None:
     assert te_tree.resolve(qualname) is not None, f"{qualname} is gone from {te_tree.root.name}"
 
 
-@pytest.mark.parametrize("qualname", sorted(te_contract.TE_DEFAULTS_ASSUMED))
+@pytest.mark.parametrize("qualname", sorted(tables.TE_DEFAULTS_ASSUMED))
 def test_assumed_defaults_hold(te_tree: SourceTree, qualname: str) -> None:
     found = te_tree.resolve(qualname)
     assert found is not None, qualname
     params = te_tree.params(found)
-    for name, expected in te_contract.TE_DEFAULTS_ASSUMED[qualname].items():
+    for name, expected in tables.TE_DEFAULTS_ASSUMED[qualname].items():
         assert name in params.names, f"{qualname} has no parameter {name!r}"
         actual = params.names[name]
         assert actual is not None and _same_source(actual, expected), (
-            f"{qualname}({name}=...) defaults to {actual}, te_contract assumes {expected}"
+            f"{qualname}({name}=...) defaults to {actual}, te_contract_tables assumes {expected}"
         )
 
 
-@pytest.mark.parametrize("qualname", sorted(te_contract.TE_PARAMETER_NAMES))
+@pytest.mark.parametrize("qualname", sorted(tables.TE_PARAMETER_NAMES))
 def test_modules_register_the_parameters_we_copy_into(te_tree: SourceTree, qualname: str) -> None:
     found = te_tree.resolve(qualname)
     assert found is not None, qualname
     registered = te_tree.parameter_names(found)
-    missing = set(te_contract.TE_PARAMETER_NAMES[qualname]) - registered
+    missing = set(tables.TE_PARAMETER_NAMES[qualname]) - registered
     assert not missing, f"{qualname} registers no {sorted(missing)}; it has {sorted(registered)}"
 
 
@@ -374,7 +376,7 @@ def test_recipe_fields_are_those_every_cached_te_has(cls_name: str) -> None:
 
 @pytest.mark.parametrize("cls_name", sorted(te_contract.TE_RECIPE_POWER_2_FLAGS))
 def test_scale_flags_reach_modules_only_through_qparams(te_tree: SourceTree, cls_name: str) -> None:
-    """Why ``te_recipe_by_name`` copies the flag into ``fp8_quant_*``: those are class attributes
+    """Why ``te_recipe`` copies the flag into ``fp8_quant_*``: those are class attributes
     (no annotation, so no constructor field) built from the flag's class default, and TE's
     modules and recipe states read them, not the flag."""
     flag, direct = te_contract.TE_RECIPE_POWER_2_FLAGS[cls_name]
@@ -416,7 +418,7 @@ def test_gpu_needs_are_tes(te_tree: SourceTree, kind: str) -> None:
     ``te_check`` is the public function returning that check's verdict."""
     need = te_contract.TE_GPU_NEEDS[kind]
     qualname = f"transformer_engine.pytorch.{need.te_check}"
-    assert te_contract.TE_API_USED.get(qualname) == ("return_reason",), qualname
+    assert tables.TE_API_USED.get(qualname) == ("return_reason",), qualname
     public = te_tree.resolve(qualname)
     assert public is not None, qualname
     check = f"check_{need.te_check.removeprefix('is_').removesuffix('_available')}_support"
@@ -466,7 +468,7 @@ def test_backend_calls_are_declared() -> None:
         "transformer_engine.common.recipe.DelayedScaling",
     }
     for qualname, keywords, n_positional in calls:
-        assert qualname in te_contract.TE_API_USED, f"{qualname} is called but not declared"
+        assert qualname in tables.TE_API_USED, f"{qualname} is called but not declared"
         assert n_positional == 0, f"{qualname} is called with positional arguments"
-        undeclared = keywords - set(te_contract.TE_API_USED[qualname])
+        undeclared = keywords - set(tables.TE_API_USED[qualname])
         assert not undeclared, f"{qualname} gets undeclared keywords {sorted(undeclared)}"

@@ -1,4 +1,4 @@
-"""TE's recipes by name (``te_policy.te_recipe_by_name``) against TE's *real* recipe module.
+"""TE's recipes by name (``te_policy.te_recipe``) against TE's *real* recipe module.
 
 ``transformer_engine/common/recipe/__init__.py`` needs only pydantic, not CUDA, so each cached TE
 version's file (``te_source``, as tests/test_te_contract.py reads it) is executed here as
@@ -34,7 +34,6 @@ from tutorial_lib.fp8.te_policy import (
     TE_RECIPE_SHORT_NAMES,
     make_te_policy,
     te_recipe,
-    te_recipe_by_name,
     te_recipe_kind,
 )
 from tutorial_lib.fp8.te_state import te_extra_state
@@ -78,20 +77,20 @@ def test_every_declared_field_is_a_constructor_keyword(
     te_recipes: types.ModuleType, short: str
 ) -> None:
     cls = getattr(te_recipes, TE_RECIPE_SHORT_NAMES[short])
-    assert type(te_recipe_by_name(short)) is cls and type(te_recipe(cls.__name__)) is cls
+    assert type(te_recipe(short)) is cls and type(te_recipe(cls.__name__)) is cls
     options = _defaults(cls)  # every declared field, at TE's default
-    built = te_recipe_by_name(short, **options)
+    built = te_recipe(short, **options)
     assert built == cls() and te_recipe_kind(built) == short
     assert te_recipe(built) is built  # a TE recipe passes through
 
 
 def test_options_and_formats_reach_te(te_recipes: types.ModuleType) -> None:
     fmt = te_recipes.Format
-    current = te_recipe_by_name("current", fp8_format="E4M3", fp8_dpa=True)
+    current = te_recipe("current", fp8_format="E4M3", fp8_dpa=True)
     assert current.fp8_format is fmt.E4M3 and current.fp8_dpa is True
     assert te_recipe("delayed", amax_history_len=16).amax_history_len == 16
-    assert te_recipe_by_name("mxfp8", fp8_format=fmt.HYBRID).fp8_format is fmt.HYBRID
-    nvfp4 = te_recipe_by_name("NVFP4BlockScaling", disable_rht=True)
+    assert te_recipe("mxfp8", fp8_format=fmt.HYBRID).fp8_format is fmt.HYBRID
+    nvfp4 = te_recipe("NVFP4BlockScaling", disable_rht=True)
     assert nvfp4.disable_rht and not nvfp4.fp4_quant_fwd_inp.random_hadamard_transform
 
 
@@ -103,7 +102,7 @@ def test_scale_flags_reach_the_qparams_te_reads(
     cls = getattr(te_recipes, cls_name)
     default = getattr(cls, TE_RECIPE_QPARAMS[0]).power_2_scale
     for value in (True, False):
-        recipe = te_recipe_by_name(cls_name, **{flag: value})
+        recipe = te_recipe(cls_name, **{flag: value})
         for attr in TE_RECIPE_QPARAMS:
             assert getattr(recipe, attr).power_2_scale is (value if direct else not value)
             assert getattr(cls, attr).power_2_scale is default  # TE's class is untouched
@@ -124,7 +123,7 @@ def test_te_refusals_are_value_errors(
     te_recipes: types.ModuleType, name: str, options: dict[str, Any], match: str
 ) -> None:
     with pytest.raises(ValueError, match=f"TE's .* refuses (?s:.*){match}"):
-        te_recipe_by_name(name, **options)
+        te_recipe(name, **options)
 
 
 def test_policy_builds_te_recipe_on_first_use(te_recipes: types.ModuleType) -> None:
@@ -161,11 +160,11 @@ def test_checkpoints_keep_no_state_for_stateless_recipes(
     """Current, block, MXFP8 and NVFP4 scaling have no amax history: the checkpoint stores an
     empty tensor for them (TE 2.20's ``is_stateless_recipe``; TE 2.9 pickles just the recipe
     object), and it loads back."""
-    model = nn.Sequential(_TEModule(te_recipe_by_name(short)))
+    model = nn.Sequential(_TEModule(te_recipe(short)))
     assert te_extra_state(model[0]) is None
     state = model_state_dict(model)
     assert state["0._extra_state"].numel() == 0
-    load_model_state_dict(nn.Sequential(_TEModule(te_recipe_by_name(short))), state)
+    load_model_state_dict(nn.Sequential(_TEModule(te_recipe(short))), state)
 
 
 def _te29_extra_state(recipe: object, **tensors: torch.Tensor) -> torch.Tensor:
@@ -183,7 +182,7 @@ def test_te29_pickles_of_stateless_recipes_load_safely(
     read with an allow-list (TE's recipe classes as inert stand-ins) and loads as empty state,
     with TE's unsafe-pickle opt-in unset."""
     monkeypatch.delenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", raising=False)
-    recipe = te_recipe_by_name(short)
+    recipe = te_recipe(short)
     blob = _te29_extra_state(recipe)
     assert stateless_te_pickle(blob) == type(recipe).__name__
     content = read_te_pickle(blob)
@@ -206,15 +205,15 @@ def test_te_pickles_with_anything_else_are_refused(
     te_recipes: types.ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", raising=False)
-    delayed = _te29_extra_state(te_recipe_by_name("delayed"), scale_fwd=torch.ones(3))
+    delayed = _te29_extra_state(te_recipe("delayed"), scale_fwd=torch.ones(3))
     assert stateless_te_pickle(delayed) is None  # tensors: torch's rebuilders are not allowed
     with pytest.raises(pickle.UnpicklingError, match="refused global"):
         read_te_pickle(delayed)
-    evil = _te29_extra_state(te_recipe_by_name("current"), payload=_Payload())  # type: ignore[arg-type]
+    evil = _te29_extra_state(te_recipe("current"), payload=_Payload())  # type: ignore[arg-type]
     with pytest.raises(pickle.UnpicklingError, match="refused global"):
         read_te_pickle(evil)
     assert stateless_te_pickle(evil) is None and _Payload.calls == []  # nothing ran
-    model = nn.Sequential(_TEModule(te_recipe_by_name("current")))
+    model = nn.Sequential(_TEModule(te_recipe("current")))
     state = {**model.state_dict(), "0._extra_state": delayed}
     with pytest.raises(CheckpointError, match="pickled FP8 state"):
         load_model_state_dict(model, state)

@@ -200,7 +200,7 @@ def test_round_trip_through_our_state_without_te() -> None:
 
 def test_our_fresh_state_converts_with_default_variables() -> None:
     recipe = DelayedScaling(amax_history_len=L)
-    state = FP8ModuleState.from_recipe(recipe, num_gemms=2)  # LayerNormMLP: two GEMMs
+    state = FP8ModuleState(ScalingMeta.create(6, L), ScalingMeta.create(4, L))  # 2 GEMMs (MLP)
     te_dict = to_te_extra_state(state, recipe)
     assert te_dict["amax_history_fwd"].shape == (L, 6) and te_dict["scale_bwd"].shape == (4,)
     assert te_dict["extra_fp8_variables"] == {"num_gemms": 2}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..fp8.formats import E4M3, finite_fp8_values, quantize
+from ..formats import finite_values
+from ..fp8.formats import E4M3, quantize
 from .base import EXACT, Case, Exercise
 
 STUB = '''\
@@ -35,7 +36,7 @@ TASK = (
 
 def _midpoints() -> torch.Tensor:
     """Every value exactly halfway between two neighbouring positive E4M3 values."""
-    v = finite_fp8_values(E4M3)
+    v = finite_values(E4M3)
     v = v[v >= 0]
     return ((v[1:] + v[:-1]) / 2).to(torch.float32)
 

@@ -13,51 +13,28 @@ and the GEMM it picks), ``autocast`` (the FP8 region, named and behaving like
 checkpointing that replays the first forward's scales, TE's ``checkpoint``), ``policy`` (the
 ``fp8`` precision policy), and the
 optional Transformer Engine backend: ``te_contract`` (the TE API it relies on, checked against
-TE's source; the guarded TE import), ``te_convert`` (``TELayers``, ``convert_to_te``, fused or
+TE's source; the guarded TE import), ``te_convert`` (``convert_to_te``, fused or
 not), ``te_policy`` (``te_autocast`` and the ``te-fp8`` and ``te-fp8-fused`` policies) and
 ``te_state`` (TE's FP8 ``_extra_state`` as tensors and plain data, no pickle) and
 ``te_checkpoint`` (``convert_checkpoint``: a delayed-scaling run moved between ``fp8`` and
 ``te-fp8``). ``ddp`` keeps
 the FP8 buffers out of ``DistributedDataParallel``'s buffer broadcast.
-Importing this package registers ``fp8``, ``fp8-current``, ``fp8-block``, ``mxfp8``, ``nvfp4``,
-``fp8-rowwise``, ``te-fp8`` and ``te-fp8-fused`` in ``tutorial_lib.precision``.
+The precision policies ``fp8``, ``fp8-current``, ``fp8-block``, ``mxfp8``, ``nvfp4``,
+``fp8-rowwise``, ``te-fp8`` and ``te-fp8-fused`` register in ``tutorial_lib.precision`` on first
+use: ``precision.get_policy`` imports ``fp8.policy`` and ``fp8.te_policy`` when asked for one.
 """
 
 from __future__ import annotations
 
 from ..hardware import te_available
-from . import te_policy  # imports te_contract and te_convert too
-from .autocast import (
-    FP8AutocastState,
-    autocast,
-    get_autocast_state,
-    is_fp8_enabled,
-    reduce_amax,
-)
-from .convert import convert_to_fp8, convertible_linears, fp8_layer_problems
-from .ddp import exclude_fp8_from_ddp, fp8_buffer_names
-from .formats import (
-    E4M3,
-    E5M2,
-    FP8_FORMATS,
-    FP8Format,
-    dequantize,
-    finite_fp8_values,
-    get_fp8_format,
-    quantize,
-)
+from .autocast import autocast, get_autocast_state, reduce_amax
+from .convert import convert_to_fp8, fp8_layer_problems
+from .ddp import exclude_fp8_from_ddp
+from .formats import E4M3, E5M2, FP8_FORMATS, FP8Format, dequantize, get_fp8_format, quantize
 from .gemm import emulated_gemm, scaled_gemm
-from .linear import FP8_MIN_CC, FP8_SHAPE_RULE, FP8Linear
-from .linear_function import quantized_matmul
+from .linear import FP8_SHAPE_RULE, FP8Linear
 from .native import NATIVE, check_recipe_device
-from .policy import (
-    FP8_LOSS_TOLERANCE,
-    FP8_POLICY_NAME,
-    check_fp8_device,
-    make_fp8_policy,
-    register_fp8_policies,
-    register_fp8_policy,
-)
+from .policy import FP8_LOSS_TOLERANCE, check_fp8_device, make_fp8_policy
 from .quantizers import QuantizedTensor, Quantizer, get_quantizer
 from .recipes import (
     RECIPE_PRECISIONS,
@@ -68,7 +45,6 @@ from .recipes import (
     Float8RowwiseScaling,
     MXFP8BlockScaling,
     NVFP4BlockScaling,
-    Recipe,
     make_recipe,
     recipe_name,
 )
@@ -82,23 +58,13 @@ from .scaling import (
     GRAD_OUTPUT1,
     AmaxAlgo,
     Format,
-    FP8BwdTensors,
-    FP8FwdTensors,
     FP8ModuleState,
     MMParams,
     ScalingMeta,
     update_amax_and_scale,
 )
-from .stats import (
-    QuantStats,
-    ScaleTrace,
-    capture_gemm_tensors,
-    error_vs_scale,
-    quant_stats,
-    scale_for,
-)
+from .stats import QuantStats, ScaleTrace, capture_gemm_tensors, quant_stats, scale_for
 from .te_checkpoint import convert_checkpoint
-from .te_state import from_te_extra_state, to_te_extra_state
 
 __all__ = [
     "te_available",
@@ -108,7 +74,6 @@ __all__ = [
     "E5M2",
     "FP8_FORMATS",
     "get_fp8_format",
-    "finite_fp8_values",
     "quantize",
     "dequantize",
     # scaling
@@ -116,8 +81,6 @@ __all__ = [
     "DelayedScaling",
     "MMParams",
     "AmaxAlgo",
-    "FP8FwdTensors",
-    "FP8BwdTensors",
     "GEMM1_INPUT",
     "GEMM1_WEIGHT",
     "GEMM1_OUTPUT",
@@ -133,19 +96,15 @@ __all__ = [
     "ScaleTrace",
     "quant_stats",
     "scale_for",
-    "error_vs_scale",
     "capture_gemm_tensors",
     # autocast
-    "FP8AutocastState",
     "autocast",
     "get_autocast_state",
-    "is_fp8_enabled",
     # quantizers (per-recipe reference quantizers)
     "get_quantizer",
     "Quantizer",
     "QuantizedTensor",
     # recipes other than delayed scaling
-    "Recipe",
     "Float8CurrentScaling",
     "Float8BlockScaling",
     "MXFP8BlockScaling",
@@ -157,7 +116,6 @@ __all__ = [
     "make_recipe",
     "recipe_name",
     "check_recipe_device",
-    "quantized_matmul",
     # recompute
     "checkpoint",
     # gemm
@@ -165,28 +123,15 @@ __all__ = [
     "emulated_gemm",
     # linear
     "FP8Linear",
-    "FP8_MIN_CC",
     "FP8_SHAPE_RULE",
     "convert_to_fp8",
-    "convertible_linears",
     "fp8_layer_problems",
     # ddp
     "exclude_fp8_from_ddp",
-    "fp8_buffer_names",
-    # TE extra state
-    "to_te_extra_state",
+    # TE checkpoints
     "convert_checkpoint",
-    "from_te_extra_state",
     # policy
-    "FP8_POLICY_NAME",
     "FP8_LOSS_TOLERANCE",
     "check_fp8_device",
     "make_fp8_policy",
-    "register_fp8_policy",
-    "register_fp8_policies",
 ]
-
-# The precision policies of this package: ours (``fp8`` and one per other recipe) and Transformer
-# Engine's (``te-fp8``, ``te-fp8-fused``; registered lazily by ``tutorial_lib.precision``).
-register_fp8_policies()
-te_policy.register_te_policy()

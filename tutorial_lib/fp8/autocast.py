@@ -17,11 +17,7 @@ update. Under delayed scaling, when the scaling state changes (TE 2.x, ``transfo
         autograd Function does the update (``BackwardStep``).
 Amaxes are MAX-all-reduced over ``amax_reduction_group`` before an update when the recipe's
 ``reduce_amax`` is set and the group has more than one rank (one all-reduce per group).
-Calibration (``enabled=False, calibrating=True``): modules run in high precision but write the
-amaxes of their input and weight (not output or gradients) into row 0, as TE's Linear does
-(``Float8Quantizer.calibrate``): each batch OVERWRITES row 0 (the last calibration batch wins, not
-the largest) and a NaN in the tensor makes the slot NaN. As in TE no update happens at exit (the
-region is not enabled), so the last batch's amaxes enter the first FP8 update.
+TE's calibration mode (``calibrating=True``: high precision, amaxes recorded) is not reproduced.
 Activation checkpointing: wrap checkpointed blocks in ``tutorial_lib.fp8.checkpoint`` (module
 ``recompute``), never plain ``torch.utils.checkpoint`` (FP8Linear refuses it with an error naming
 the helper: the non-reentrant form at the forward, the reentrant form at its recompute).
@@ -40,24 +36,22 @@ import torch
 from .recipes import DelayedScaling, Recipe
 from .scaling import FP8ModuleState
 
-__all__ = ["FP8AutocastState", "autocast", "get_autocast_state", "is_fp8_enabled", "reduce_amax"]
+__all__ = ["FP8AutocastState", "autocast", "get_autocast_state", "reduce_amax"]
 
 
 @dataclass(frozen=True)
 class FP8AutocastState:
     """The settings of the innermost active ``autocast``.
 
-    FP8: enabled (FP8 GEMMs), calibrating (high precision, record amaxes), recipe.
+    FP8: enabled (FP8 GEMMs), recipe.
     Distributed: amax_reduction_group (None: the default group).
-    Execution: emulate (None: decided per module/device, see ``FP8Linear``), collect_stats.
+    Execution: emulate (None: decided per module/device, see ``FP8Linear``).
     """
 
     enabled: bool
-    calibrating: bool
     recipe: DelayedScaling | Recipe
     amax_reduction_group: Any = None
     emulate: bool | None = None
-    collect_stats: bool = False
 
 
 @dataclass(eq=False)
@@ -97,12 +91,6 @@ _REGION: list[_Region] = []  # one entry while an outermost region is open
 def get_autocast_state() -> FP8AutocastState | None:
     """The innermost active region's settings, or None outside any ``autocast``."""
     return _STACK[-1] if _STACK else None
-
-
-def is_fp8_enabled() -> bool:
-    """Whether FP8 GEMMs are on here (inside an enabled ``autocast``)."""
-    state = get_autocast_state()
-    return state is not None and state.enabled
 
 
 def register_fp8_run(
@@ -155,24 +143,20 @@ def _reduced_rows(
 @contextlib.contextmanager
 def autocast(
     enabled: bool = True,
-    calibrating: bool = False,
     recipe: DelayedScaling | Recipe | None = None,
     amax_reduction_group: Any = None,
     emulate: bool | None = None,
-    collect_stats: bool = False,
 ) -> Iterator[None]:
     """An FP8 region for ``FP8Linear`` modules (TE's ``autocast``; nestable).
 
     FP8:
-        enabled: run FP8Linear GEMMs in FP8. calibrating: when not enabled, run in high precision
-            but record input/weight amaxes. recipe: a ``DelayedScaling`` (default: TE's defaults)
-            or a stateless recipe of ``fp8.recipes`` (no scaling state, nothing to calibrate).
+        enabled: run FP8Linear GEMMs in FP8. recipe: a ``DelayedScaling`` (default: TE's
+            defaults) or a stateless recipe of ``fp8.recipes`` (no scaling state).
     Distributed:
         amax_reduction_group: the process group whose ranks share amaxes (default: the world).
     Extras (not in TE):
         emulate: allow the FP32 emulation path on CUDA GPUs without FP8 tensor
-            cores (None: defer to each module's flag). collect_stats: record saturation/underflow
-            statistics at every quantize (``FP8Linear.fp8_stats``); off by default (costs time).
+            cores (None: defer to each module's flag).
     Scaling state updates: see the module docstring.
     """
     recipe = DelayedScaling() if recipe is None else recipe
@@ -182,9 +166,7 @@ def autocast(
             f"Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling, Float8RowwiseScaling), "
             f"got {type(recipe).__name__}. For Transformer Engine's recipes use te_autocast."
         )
-    state = FP8AutocastState(
-        enabled, calibrating, recipe, amax_reduction_group, emulate, collect_stats
-    )
+    state = FP8AutocastState(enabled, recipe, amax_reduction_group, emulate)
     outermost = not _STACK
     if outermost:
         _REGION.append(_Region())

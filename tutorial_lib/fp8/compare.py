@@ -4,7 +4,6 @@ training loss (the chapter "FP8 recipes compared").
     quant_error(x, q)            error, SNR, underflow and clipping of one quantized tensor
     compare_recipes(tensors)     every recipe x every captured tensor, as rows
     quantized_bytes(q)           bytes of a quantized tensor's payload and scales
-    recipe_quant_stats(x, q)     ``quant_error`` as a ``stats.QuantStats`` (``FP8Linear.fp8_stats``)
 
 The training runs the chapter compares come from ``bench.recipe_runs``.
 Delayed scaling needs a scale chosen before the tensor is seen: ``compare_recipes`` takes it
@@ -24,14 +23,12 @@ from .quantizers import QuantizedTensor, get_quantizer
 from .quantizers.base import as_matrix, expand_tiles, tensor_amax, tile_grid
 from .recipes import make_recipe
 from .scaling import Format
-from .stats import QuantStats
 
 __all__ = [
     "COMPARED_RECIPES",
     "VARIANTS",
     "quant_error",
     "quantized_bytes",
-    "recipe_quant_stats",
     "compare_recipes",
 ]
 
@@ -88,18 +85,6 @@ def quant_error(x: torch.Tensor, q: QuantizedTensor) -> dict[str, float]:
         "underflow": float((nonzero & (df == 0)).sum() / max(int(nonzero.sum()), 1)),
         "clipped": float((xf.abs() > limit * (1 + 1e-6)).sum() / max(xf.numel(), 1)),
     }
-
-
-def recipe_quant_stats(x: torch.Tensor, q: QuantizedTensor) -> QuantStats:
-    """What a stateless recipe's quantizer did to ``x``, in ``quant_stats``'s terms: ``saturated``
-    is ``quant_error``'s clipped fraction (larger than its tile can hold), ``flushed`` its
-    underflow; ``scale`` the tensor's one scale (current scaling), NaN for per-row or per-tile
-    scales."""
-    err = quant_error(x, q)
-    one_scale = q.scale_inv.numel() == 1 and q.tensor_scale_inv is None
-    scale = 1.0 / float(q.scale_inv) if one_scale else math.nan
-    amax = float(x.detach().abs().max()) if x.numel() else 0.0
-    return QuantStats(amax, scale, err["clipped"], err["underflow"], err["rel_rmse"])
 
 
 def quantized_bytes(q: QuantizedTensor) -> dict[str, int]:

@@ -27,30 +27,25 @@ from __future__ import annotations
 
 from torch import nn
 
-__all__ = ["fp8_buffer_names", "exclude_fp8_from_ddp"]
+__all__ = ["exclude_fp8_from_ddp"]
 
 _IGNORE = "_ddp_params_and_buffers_to_ignore"
-
-
-def fp8_buffer_names(model: nn.Module) -> list[str]:
-    """Fully qualified names of the FP8 scaling buffers in ``model``: those each module lists in
-    its class attribute ``FP8_STATE_BUFFERS`` (``FP8Linear``'s six)."""
-    return [
-        f"{prefix}.{name}" if prefix else name
-        for prefix, module in model.named_modules()
-        for name in getattr(type(module), "FP8_STATE_BUFFERS", ())
-        if name in module._buffers
-    ]
 
 
 def exclude_fp8_from_ddp(model: nn.Module) -> list[str]:
     """Keep ``model``'s FP8 scaling buffers out of what ``DistributedDataParallel(model)``
     broadcasts and syncs (module docstring). Names already on DDP's ignore list stay there;
-    calling it again adds nothing. Returns the FP8 buffer names now ignored. Call it on the very
-    module you pass to DDP, before wrapping it."""
+    calling it again adds nothing. Returns the FP8 buffer names now ignored: the fully qualified
+    names of the buffers each module lists in its class attribute ``FP8_STATE_BUFFERS``
+    (``FP8Linear``'s six). Call it on the very module you pass to DDP, before wrapping it."""
     from torch.nn.parallel import DistributedDataParallel
 
-    names = fp8_buffer_names(model)
+    names = [
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in model.named_modules()
+        for name in getattr(type(module), "FP8_STATE_BUFFERS", ())
+        if name in module._buffers
+    ]
     ignored = list(getattr(model, _IGNORE, []))
     ignored += [n for n in names if n not in ignored]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)

@@ -26,9 +26,8 @@ from .autocast import BackwardStep
 from .quantizers import DelayedQuantizer, QuantizedTensor
 from .recipes import DelayedScaling
 from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, GRAD_OUTPUT1, FP8ModuleState, ScalingMeta
-from .stats import QuantStats, quant_stats
 
-__all__ = ["DelayedOperands", "DelayedScalingState", "FP8_BUFFERS", "OPERAND_SLOTS"]
+__all__ = ["DelayedOperands", "DelayedScalingState", "FP8_BUFFERS"]
 
 FP8_BUFFERS = {  # the layer's buffer names per direction
     "forward": ("fp8_amax_history_fwd", "fp8_scale_fwd", "fp8_scale_inv_fwd"),
@@ -140,7 +139,6 @@ class DelayedScalingState(nn.Module):
 class DelayedOperands:
     """The quantizers of one ``FP8Linear`` call under delayed scaling (module docstring).
 
-    stats: where to record each operand's ``quant_stats`` (None: not recorded).
     replay: a checkpoint recompute's recorded forward (scale, scale_inv); the forward operands
         are cast with them and nothing is recorded.
     step: the region's backward update, which this call's backward runs when it is done
@@ -148,7 +146,6 @@ class DelayedOperands:
 
     recipe: DelayedScaling
     state: FP8ModuleState
-    stats: dict[str, QuantStats] | None = None
     replay: tuple[torch.Tensor, torch.Tensor] | None = None
     step: BackwardStep | None = None
 
@@ -161,8 +158,6 @@ class DelayedOperands:
         q = cast.quantize(x)
         if replay is None:
             meta.fold_amax(index, q.amax)
-        if self.stats is not None:
-            self.stats[role] = quant_stats(x, cast.element_format, scale[index])
         # TE keeps the reciprocal it computed at the update; a copy, as the update rewrites it
         return dataclasses.replace(q, scale_inv=scale_inv[index].clone())
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats import FloatFormat, finite_values
+from ..formats import FloatFormat
 
 __all__ = [
     "FP8Format",
@@ -27,7 +27,6 @@ __all__ = [
     "E5M2",
     "FP8_FORMATS",
     "get_fp8_format",
-    "finite_fp8_values",
     "quantize",
     "dequantize",
 ]
@@ -92,12 +91,6 @@ def get_fp8_format(fmt: str | torch.dtype | FloatFormat) -> FP8Format:
         f"Unknown FP8 format {fmt!r}. Use E4M3 or E5M2 (names 'e4m3', 'e5m2', or "
         "torch.float8_e4m3fn, torch.float8_e5m2)."
     )
-
-
-def finite_fp8_values(fmt: FloatFormat | str | torch.dtype) -> torch.Tensor:
-    """Every finite value of an FP8 format, negatives included, sorted, as float64 (0 once):
-    ``tutorial_lib.formats.finite_values`` of the format, which may be given by name or dtype."""
-    return finite_values(get_fp8_format(fmt))
 
 
 # ---- quantization ----------------------------------------------------------------------------

@@ -67,7 +67,13 @@ def scaled_gemm(
     if emulate or not _is_cuda(a):
         return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
     if any(d % 16 for d in (*a.shape, b.shape[1])):  # _scaled_mm's rule on CUDA
-        _warn_emulated_shape(tuple(a.shape), tuple(b.shape))
+        shapes = (tuple(a.shape), tuple(b.shape))
+        warn_emulated_once(
+            shapes,
+            f"FP8 GEMM {shapes[0]} x {shapes[1]} on a GPU runs through the FP32 emulation, "
+            "without FP8 speed: torch._scaled_mm needs every dimension to be a multiple of 16. "
+            "Choose such sizes (widths, and batch x sequence) to run it on the FP8 tensor cores.",
+        )
         return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
     return scaled_mm_call(a, a_inv, b, b_inv, bias, out_dtype, use_fast_accum).run()
 
@@ -77,16 +83,6 @@ def _is_cuda(t: torch.Tensor) -> bool:
 
 
 _WARNED: set[object] = set()
-
-
-def _warn_emulated_shape(a: tuple[int, ...], b: tuple[int, ...]) -> None:
-    """Warn once per pair of shapes that an FP8 GEMM on a GPU runs emulated (no FP8 speed)."""
-    warn_emulated_once(
-        (a, b),
-        f"FP8 GEMM {a} x {b} on a GPU runs through the FP32 emulation, without FP8 speed: "
-        "torch._scaled_mm needs every dimension to be a multiple of 16. Choose such sizes "
-        "(widths, and batch x sequence) to run it on the FP8 tensor cores.",
-    )
 
 
 def warn_emulated_once(key: object, message: str) -> None:

@@ -33,7 +33,7 @@ State: the forward/backward scaling state lives in six float32 buffers (``fp8_am
 so it is in ``state_dict()`` and checkpoints; ``fp8_state`` is an ``FP8ModuleState`` over them.
 
 This module holds the layer (``FP8Linear``: the recipe's quantizers for a call, shape and
-device checks, checkpoint replays, statistics) and TE's shape rule; ``delayed_state`` holds its
+device checks, checkpoint replays) and TE's shape rule; ``delayed_state`` holds its
 delayed-scaling state (``DelayedScalingState``), ``sr_state`` its stochastic-rounding generator.
 """
 
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .autocast import FP8AutocastState, get_autocast_state, register_fp8_run
-from .delayed_state import FP8_BUFFERS, OPERAND_SLOTS, DelayedOperands, DelayedScalingState
+from .delayed_state import FP8_BUFFERS, DelayedOperands, DelayedScalingState
 from .linear_function import FP8LinearFunction, Operands, RecipeOperands
 from .native import check_recipe_device
 from .recipes import Recipe
@@ -57,13 +57,10 @@ from .recompute import (
     record_call,
     replay_call,
 )
-from .scaling import GEMM1_INPUT, GEMM1_WEIGHT, ScalingMeta
 from .sr_state import SR_STATE_KEY, StochasticRoundingState
-from .stats import QuantStats
 
-__all__ = ["FP8Linear", "FP8_MIN_CC", "FP8_SHAPE_RULE", "SR_STATE_KEY", "weight_problems"]
+__all__ = ["FP8Linear", "FP8_SHAPE_RULE", "SR_STATE_KEY", "weight_problems"]
 
-FP8_MIN_CC = (8, 9)  # FP8 tensor cores: Ada (sm_89) and Hopper (sm_90)
 # TE's shape rule for an FP8 GEMM operand (``assert_dim_for_fp8_exec``, pytorch/utils.py).
 FP8_SHAPE_RULE = (
     "FP8 GEMMs follow Transformer Engine's shape rule: for the input and the weight, the product "
@@ -82,8 +79,6 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
             runs in (truncated or zero-padded, as TE's ``adjust_amax_history_length``).
         emulate: True allows the FP32 emulation path on CUDA GPUs without FP8 tensor cores
             (a CPU always emulates); None defers to ``autocast(emulate=...)``.
-        collect_stats: record ``fp8_stats()`` at every quantize (costs a few passes per tensor);
-            delayed scaling only (``fp8.compare`` measures the other recipes).
     Shapes (TE's rule, ``FP8_SHAPE_RULE``): in FP8, the input (..., in_features) and the weight
         (out_features, in_features) each need the product of their leading dimensions divisible
         by 8 and their last dimension by 16: in_features a multiple of 16, out_features and the
@@ -95,7 +90,7 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
     Under DDP: the six buffers (``FP8_STATE_BUFFERS``) stay out of its buffer broadcast
         (``fp8.ddp.exclude_fp8_from_ddp``; ``convert_to_fp8`` calls it).
     Other recipes (``fp8.recipes``): stateless, except NVFP4's stochastic rounding, which draws
-        from the layer's own generator (``sr_generator``, seeded by ``sr_seed``); its
+        from the layer's own generator (``sr_generator``, seeded per run and layer); its
         state is the state-dict entry ``fp8_sr_rng_state`` (``SR_STATE_KEY``), so a resumed run
         draws the same noise as an uninterrupted one.
     """
@@ -113,13 +108,10 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         dtype: torch.dtype | None = None,
         amax_history_len: int = 1024,
         emulate: bool | None = None,
-        collect_stats: bool = False,
     ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.emulate, self.collect_stats = emulate, collect_stats
+        self.emulate = emulate
         self.fp8_name: str | None = None
-        self._last_stats: dict[str, QuantStats] = {}
-        self._stats_recipe = "delayed"  # the recipe of the last quantize that recorded stats
         self._init_sr_state()
         self._ran_fp8 = False  # a forward in FP8 happened (recompute checks need it)
         self._init_fp8_buffers(amax_history_len, device)
@@ -151,23 +143,17 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         if call is not None:
             if call.fp8 is None or call.out_dtype is None:
                 return F.linear(x, self.weight, self._gemm_bias())
-            operands = self._operands(call.fp8, x, None, call.scales)
+            operands = self._operands(call.fp8, x, call.scales)
             return self._fp8_linear(x, operands, call.out_dtype, call.emulate)
         if self._ran_fp8:
             check_not_reentrant_recompute(self._layer_name())
         fp8 = get_autocast_state()
-        if fp8 is None or not (fp8.enabled or fp8.calibrating):
+        if fp8 is None or not fp8.enabled:
             record_call(self)
             return F.linear(x, self.weight, self._gemm_bias())
         recipe = fp8.recipe
         if recipe.stateful:  # delayed scaling: the history follows the recipe's length (TE)
             self._ensure_history_len(recipe.amax_history_len)  # type: ignore[attr-defined]
-        if not fp8.enabled:  # calibration: high precision; delayed scaling's row 0 <- its amaxes
-            record_call(self)
-            if recipe.stateful:
-                self.fp8_state.forward.calibrate_amax(GEMM1_INPUT, x)
-                self.fp8_state.forward.calibrate_amax(GEMM1_WEIGHT, self.weight)
-            return F.linear(x, self.weight, self._gemm_bias())
         self._check_fp8_shapes(x, recipe)
         self._start_fp8()
         flag = self.emulate if self.emulate is not None else fp8.emulate
@@ -176,16 +162,12 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         record_call(
             self, fp8, out_dtype, emulate, self.fp8_state.forward if recipe.stateful else None
         )
-        stats = self._last_stats if fp8.collect_stats or self.collect_stats else None
-        if stats is not None:
-            self._stats_recipe = recipe.name
-        return self._fp8_linear(x, self._operands(fp8, x, stats), out_dtype, emulate)
+        return self._fp8_linear(x, self._operands(fp8, x), out_dtype, emulate)
 
     def _operands(
         self,
         fp8: FP8AutocastState,
         x: torch.Tensor,
-        stats: dict[str, Any] | None,
         replay: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Operands:
         """The quantizers of this call: delayed scaling's are this layer's state (the first
@@ -195,9 +177,9 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         if recipe.stateful:
             needs_grad = self._needs_grad(x)
             step = None if replay is not None else register_fp8_run(self.fp8_state, fp8, needs_grad)
-            return DelayedOperands(recipe, self.fp8_state, stats, replay, step)  # type: ignore[arg-type]
+            return DelayedOperands(recipe, self.fp8_state, replay, step)  # type: ignore[arg-type]
         gen = self.sr_generator(x.device) if recipe.uses_stochastic_rounding else None
-        return RecipeOperands(recipe, gen, stats)
+        return RecipeOperands(recipe, gen)
 
     def _fp8_linear(
         self, x: torch.Tensor, operands: Operands, out_dtype: torch.dtype, emulate: bool
@@ -243,29 +225,7 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         if problem and torch.is_grad_enabled() and self.weight.requires_grad:  # a wgrad GEMM
             raise ValueError(f"FP8 GEMM shape error in layer {self._layer_name()}: {problem}.")
 
-    # ---- statistics and checkpoints --------------------------------------------------------
-    def fp8_stats(self) -> dict[str, dict[str, Any]]:
-        """Per tensor (input, weight, grad_output), from the last quantize with statistics on
-        (``quant_stats`` semantics): ``amax``, ``saturated``, ``flushed``, ``rel_rmse`` and the
-        ``scale`` used then (``scale_used``; NaN for per-row or per-tile scales); None if never.
-        ``recipe``: which recipe quantized it; ``scale``: delayed scaling's current scale (None
-        under a stateless recipe, which keeps none). The stateless recipes' ``saturated`` and
-        ``flushed`` are per tile (``compare.recipe_quant_stats``)."""
-        out: dict[str, dict[str, Any]] = {}
-        delayed = self._stats_recipe == "delayed"
-        for name, (direction, index) in OPERAND_SLOTS.items():
-            last = self._last_stats.get(name)
-            meta: ScalingMeta = getattr(self.fp8_state, direction)
-            row: dict[str, Any] = {
-                "recipe": self._stats_recipe,
-                "scale": float(meta.scale[index]) if delayed else None,
-            }
-            for key in ("amax", "saturated", "flushed", "rel_rmse"):
-                row[key] = None if last is None else getattr(last, key)
-            row["scale_used"] = None if last is None else last.scale
-            out[name] = row
-        return out
-
+    # ---- checkpoints -----------------------------------------------------------------------------
     def _load_from_state_dict(
         self,
         state_dict: Any,

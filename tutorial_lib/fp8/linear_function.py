@@ -19,7 +19,7 @@ The GEMM is chosen in one place, ``quantized_matmul``:
     per-tensor (delayed, current) and row-wise: ``fp8.gemm.scaled_gemm``: ``torch._scaled_mm``
         on FP8 GPUs (row-wise: an ``(M, 1)`` and a ``(1, N)`` scale), else exact FP8 products
         summed in float32 and then scaled, as the GPU does.
-    block on a GPU: ``fp8.tiled_gemm.block_scaled_mm``, torch's blockwise kernel (Hopper),
+    block on a GPU: ``fp8.tiled_gemm.block_scaled_mm_call``, torch's blockwise kernel (Hopper),
         which applies the tile scales inside the GEMM; a GEMM it cannot take (off the 16-grid)
         runs the emulation below, with a warning once.
     tiled, emulated (block elsewhere, MXFP8, NVFP4 everywhere). Each element times its tile's
@@ -39,18 +39,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from . import gemm
-from .compare import recipe_quant_stats
+from .delayed_state import DelayedOperands
 from .gemm import scaled_gemm, warn_emulated_once
 from .quantizers import QuantizedTensor
 from .quantizers.base import as_matrix, expand_tiles, tile_grid
 from .recipes import Recipe
-from .stats import QuantStats
-from .tiled_gemm import block_scaled_mm, native_block_problem
+from .tiled_gemm import block_scaled_mm_call, native_block_problem
 
 __all__ = [
     "FP8LinearFunction",
@@ -98,7 +97,7 @@ def quantized_matmul(
     if a.recipe == "block" and not emulate and gemm._is_cuda(a.data):
         problem = native_block_problem(a, b)
         if problem is None:
-            return block_scaled_mm(a, b, out_dtype, use_fast_accum, bias)
+            return block_scaled_mm_call(a, b, out_dtype, use_fast_accum, bias).run()
         shapes = (tuple(a.shape), tuple(b.shape), a.fmt, b.fmt)
         warn_emulated_once(
             shapes,
@@ -112,50 +111,31 @@ def quantized_matmul(
         return (out if bias is None else out + bias.float()).to(out_dtype)
 
 
-class Operands(Protocol):
-    """The quantizers of one ``FP8Linear`` call, one per operand role ("input", "weight",
-    "grad_output"): ``rowwise`` for the forward GEMM and dgrad, ``columnwise`` (given the
-    row-wise copy if one was made) for the backward GEMMs; ``backward_done`` when the backward
-    pass of the call is over."""
-
-    @property
-    def recipe(self) -> Recipe: ...
-
-    def rowwise(self, role: str, x: torch.Tensor) -> QuantizedTensor: ...
-
-    def columnwise(
-        self, role: str, x: torch.Tensor, rowwise: QuantizedTensor | None
-    ) -> QuantizedTensor: ...
-
-    def backward_done(self) -> None: ...
-
-
 @dataclass(eq=False)
 class RecipeOperands:
     """A stateless recipe's quantizers: each copy quantized from the tensor at hand.
-    ``generator``: the layer's stochastic-rounding generator (NVFP4); ``stats``: where to
-    record what quantizing did to each operand (``FP8Linear.fp8_stats``; None: nothing)."""
+    ``generator``: the layer's stochastic-rounding generator (NVFP4)."""
 
     recipe: Recipe
     generator: torch.Generator | None = None
-    stats: dict[str, QuantStats] | None = None
 
     def rowwise(self, role: str, x: torch.Tensor) -> QuantizedTensor:
-        q = self.recipe.quantizer(role, False, self.generator).quantize(x)
-        if self.stats is not None:
-            self.stats[role] = recipe_quant_stats(x, q)
-        return q
+        return self.recipe.quantizer(role, False, self.generator).quantize(x)
 
     def columnwise(
         self, role: str, x: torch.Tensor, rowwise: QuantizedTensor | None
     ) -> QuantizedTensor:
-        if self.stats is not None and rowwise is None:  # measured without changing the run
-            quantize = self.recipe.quantizer(role, False, self.generator).quantize
-            self.stats[role] = recipe_quant_stats(x, _without_drawing(quantize, x, self.generator))
         return self.recipe.quantizer(role, True, self.generator).quantize(x.t())
 
     def backward_done(self) -> None:
         pass
+
+
+# The quantizers of one ``FP8Linear`` call, one per operand role ("input", "weight",
+# "grad_output"): ``rowwise`` for the forward GEMM and dgrad, ``columnwise`` (given the row-wise
+# copy if one was made) for the backward GEMMs; ``backward_done`` when the backward pass of the
+# call is over.
+Operands = DelayedOperands | RecipeOperands
 
 
 class FP8LinearFunction(torch.autograd.Function):
@@ -248,17 +228,3 @@ def _saved(ctx: Any) -> list[QuantizedTensor | None]:
         out.append(dataclasses.replace(shell, **dict(zip(fields, tensors[at:], strict=False))))
         at += len(fields)
     return out
-
-
-def _without_drawing(
-    quantize: Any, x: torch.Tensor, generator: torch.Generator | None
-) -> QuantizedTensor:
-    """``quantize(x)`` with ``generator``'s state put back afterwards (stochastic rounding draws
-    from it; statistics must not change the run)."""
-    if generator is None:
-        return quantize(x)
-    state = generator.get_state()
-    try:
-        return quantize(x)
-    finally:
-        generator.set_state(state)

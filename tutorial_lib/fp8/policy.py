@@ -24,16 +24,13 @@ from typing import Any
 
 import torch
 
-from ..hardware import cuda_capability
 from ..precision import POLICIES, PrecisionPolicy, register_policy
 from .autocast import autocast
 from .convert import convert_to_fp8
-from .linear import FP8_MIN_CC
 from .native import check_recipe_device
 from .recipes import RECIPE_PRECISIONS, DelayedScaling, make_recipe, recipe_name
 
 __all__ = [
-    "FP8_POLICY_NAME",
     "FP8_RECIPE_POLICIES",
     "FP8_LOSS_TOLERANCE",
     "check_fp8_device",
@@ -43,7 +40,6 @@ __all__ = [
     "runnable_fp8_precision",
 ]
 
-FP8_POLICY_NAME = "fp8"
 # policy name -> recipe name, for every FP8 policy (``fp8`` is delayed scaling).
 FP8_RECIPE_POLICIES: dict[str, str] = {p: r for r, p in RECIPE_PRECISIONS.items()}
 # How close (nats, per step) the fp8 policy's training loss stays to bf16's, same init and data.
@@ -66,22 +62,9 @@ def check_fp8_device(
     device: torch.device | str, emulate: bool | None = None, recipe: object = "delayed"
 ) -> None:
     """Raise ``RuntimeError`` if ``device`` is a CUDA GPU that cannot run ``recipe`` natively
-    (delayed: FP8 tensor cores, sm_89+) and emulation was not asked for. A CPU is accepted: it
-    always emulates."""
-    if recipe_name(recipe) != "delayed":
-        check_recipe_device(recipe, device, emulate, "This FP8 precision policy")
-        return
-    gpu = cuda_capability(device)
-    if gpu is None or emulate:
-        return
-    name, cc = gpu
-    if cc < FP8_MIN_CC:
-        raise RuntimeError(
-            f"The {FP8_POLICY_NAME!r} precision policy needs FP8 tensor cores (sm_89+: Ada or "
-            f"Hopper); {name} is sm_{cc[0]}{cc[1]}. Use 'bf16', or "
-            "opt in to the FP32 emulation (no FP8 speed): make_fp8_policy(emulate=True) (or "
-            "tutorial_lib.fp8.autocast(emulate=True) / FP8Linear(..., emulate=True))."
-        )
+    (``native.check_recipe_device``; delayed scaling needs FP8 tensor cores, sm_89+) and
+    emulation was not asked for. A CPU is accepted: it always emulates."""
+    check_recipe_device(recipe, device, emulate, "This FP8 precision policy")
 
 
 def make_fp8_policy(
@@ -112,7 +95,7 @@ def make_fp8_policy(
     )
 
 
-def register_fp8_policy(name: str = FP8_POLICY_NAME) -> PrecisionPolicy:
+def register_fp8_policy(name: str) -> PrecisionPolicy:
     """Register the FP8 policy ``name`` once (later calls return the registered policy)."""
     existing = POLICIES.get(name)
     if existing is not None:

@@ -12,9 +12,9 @@ recompute and restores the updated ones after it
 
 Here, ``checkpoint`` is ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` with a
 ``context_fn`` whose two contexts share one record (``_Frame``):
-    forward    each FP8Linear call appends what it did: its FP8 settings (None: high precision,
-               also for calibration), output dtype, emulation flag and copies of the forward
-               scales and scale inverses it quantized with.
+    forward    each FP8Linear call appends what it did: its FP8 settings (None: high
+               precision), output dtype, emulation flag and copies of the forward scales and
+               scale inverses it quantized with.
     recompute  each FP8Linear call replays the next record: the same settings and scales, no
                amax recorded, no scaling update and no claim on the backward update. The
                backward runs the first forward's autograd nodes (non-reentrant checkpointing

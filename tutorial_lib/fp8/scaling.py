@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum, IntEnum
-from typing import Any, Protocol
+from enum import Enum
+from typing import Protocol
 
 import torch
 
@@ -26,8 +26,6 @@ __all__ = [
     "Format",
     "MMParams",
     "AmaxAlgo",
-    "FP8FwdTensors",
-    "FP8BwdTensors",
     "GEMM1_INPUT",
     "GEMM1_WEIGHT",
     "GEMM1_OUTPUT",
@@ -85,40 +83,15 @@ class Format(Enum):
     def bwd(self) -> FP8Format:
         return self.value[1]
 
-    @property
-    def max_fwd(self) -> float:
-        return self.fwd.max
-
-    @property
-    def max_bwd(self) -> float:
-        return self.bwd.max
-
     def __repr__(self) -> str:
         return f"Format.{self.name}"
 
 
-class FP8FwdTensors(IntEnum):
-    """Columns of a module's forward history (TE ``csrc/common.h``): 3 tensors per GEMM."""
-
-    GEMM1_INPUT = 0
-    GEMM1_WEIGHT = 1
-    GEMM1_OUTPUT = 2
-    GEMM2_INPUT = 3
-    GEMM2_WEIGHT = 4
-    GEMM2_OUTPUT = 5
-
-
-class FP8BwdTensors(IntEnum):
-    """Columns of a module's backward history (TE ``csrc/common.h``): 2 tensors per GEMM."""
-
-    GRAD_OUTPUT1 = 0
-    GRAD_INPUT1 = 1
-    GRAD_OUTPUT2 = 2
-    GRAD_INPUT2 = 3
-
-
-GEMM1_INPUT, GEMM1_WEIGHT, GEMM1_OUTPUT = 0, 1, 2  # = FP8FwdTensors.GEMM1_*
-GRAD_OUTPUT1, GRAD_INPUT1 = 0, 1  # = FP8BwdTensors.GRAD_*1
+# Columns of a module's history, as TE's ``FP8FwdTensors``/``FP8BwdTensors`` (``csrc/common.h``):
+# 3 forward tensors per GEMM (input, weight, output), 2 backward (grad_output, grad_input), so a
+# second GEMM's input is column 3 and its grad_output column 2.
+GEMM1_INPUT, GEMM1_WEIGHT, GEMM1_OUTPUT = 0, 1, 2
+GRAD_OUTPUT1, GRAD_INPUT1 = 0, 1
 FWD_TENSORS_PER_GEMM, BWD_TENSORS_PER_GEMM = 3, 2
 
 
@@ -257,9 +230,6 @@ def _callable_amax(algo: Callable, history: torch.Tensor) -> torch.Tensor:
 
 
 # ---- state -----------------------------------------------------------------------------------
-_META_KEYS = ("amax_history", "scale", "scale_inv")
-
-
 @dataclass
 class ScalingMeta:
     """The delayed-scaling state of one group of n tensors (TE's ``fp8_meta["scaling_fwd"]``).
@@ -296,35 +266,13 @@ class ScalingMeta:
     def history_len(self) -> int:
         return self.amax_history.shape[0]
 
-    def record_amax(self, index: int, tensor: torch.Tensor) -> None:
-        """Fold ``max|tensor|`` (unscaled, float32) into row 0, column ``index``.
-
-        As TE's cast kernels (``atomicMaxFloat`` on the history slot, never reset before a
-        delayed-scaling cast), a tensor quantized twice in one step keeps the larger amax, and
-        NaN elements are skipped (``fmaxf``); inf is recorded.
-        """
-        a = tensor.detach().to(torch.float32).abs()
-        amax = torch.where(torch.isnan(a), 0.0, a).amax() if a.numel() else a.new_zeros(())
-        self.fold_amax(index, amax)
-
     def fold_amax(self, index: int, amax: torch.Tensor) -> None:
-        """Fold an amax already taken (``record_amax``'s rule) into row 0, column ``index``."""
+        """Fold a tensor's amax (unscaled, float32: ``quantizers.base.tensor_amax``, NaN elements
+        skipped, inf kept) into row 0, column ``index``. As TE's cast kernels (``atomicMaxFloat``
+        on the history slot, never reset before a delayed-scaling cast), a tensor quantized twice
+        in one step keeps the larger amax."""
         slot = self.amax_history[0, index]
         slot.copy_(torch.maximum(slot, amax.to(slot.device)))
-
-    def calibrate_amax(self, index: int, tensor: torch.Tensor) -> None:
-        """Overwrite row 0, column ``index``, with ``max|tensor|``: calibration (TE's
-        ``Float8Quantizer.calibrate``: ``max(-amin, amax)`` of ``aminmax``, copied into the
-        history slot). Unlike ``record_amax`` the latest batch wins (no running max) and a NaN
-        element makes the slot NaN; an empty tensor writes 0.
-        """
-        t = tensor.detach()
-        if t.numel():
-            amin, amax = torch.aminmax(t)
-            value = torch.maximum(-amin, amax).to(torch.float32)
-        else:
-            value = t.new_zeros((), dtype=torch.float32)
-        self.amax_history[0, index].copy_(value.to(self.amax_history.device))
 
     def update(
         self, recipe: ScalingRecipe, fp8_max: float, reduced_amax: torch.Tensor | None = None
@@ -338,46 +286,14 @@ class ScalingMeta:
         self.scale.copy_(scale)
         self.scale_inv.copy_(torch.ones_like(scale) / scale)  # tensor / tensor, as TE's 1 / scale
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {key: getattr(self, key).detach().clone() for key in _META_KEYS}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor], name: str = "ScalingMeta") -> None:
-        """Copy a ``state_dict`` in; shapes must match (history length L and tensor count n)."""
-        missing = set(_META_KEYS) - set(state)
-        if missing:
-            raise KeyError(f"{name}: state is missing {sorted(missing)}.")
-        saved = tuple(state["amax_history"].shape)
-        if saved[1:] != (self.num_tensors,):
-            raise ValueError(
-                f"{name}: the checkpoint holds {saved[1] if len(saved) > 1 else '?'} FP8 tensors "
-                f"per group but this module has {self.num_tensors}; was it saved from a module with "
-                "a different number of GEMMs?"
-            )
-        if saved[0] != self.history_len:
-            raise ValueError(
-                f"{name}: the checkpoint's amax history has length {saved[0]}, this module's has "
-                f"{self.history_len}. Build the module under DelayedScaling(amax_history_len="
-                f"{saved[0]}) before loading, then change the recipe if you must."
-            )
-        for key in _META_KEYS:
-            getattr(self, key).copy_(state[key])
-
 
 @dataclass
 class FP8ModuleState:
     """A module's forward (input, weight, output per GEMM) and backward (grad_output,
-    grad_input per GEMM) scaling state; column indices in ``FP8FwdTensors``/``FP8BwdTensors``."""
+    grad_input per GEMM) scaling state; column indices ``GEMM1_*`` and ``GRAD_*1`` for one GEMM."""
 
     forward: ScalingMeta
     backward: ScalingMeta
-
-    @classmethod
-    def from_recipe(
-        cls, recipe: ScalingRecipe, num_gemms: int = 1, device: torch.device | str | None = None
-    ) -> FP8ModuleState:
-        length = recipe.amax_history_len
-        fwd = ScalingMeta.create(FWD_TENSORS_PER_GEMM * num_gemms, length, device)
-        return cls(fwd, ScalingMeta.create(BWD_TENSORS_PER_GEMM * num_gemms, length, device))
 
     def update(
         self, recipe: ScalingRecipe, forward: bool, reduced_amax: torch.Tensor | None = None
@@ -387,17 +303,3 @@ class FP8ModuleState:
             self.forward.update(recipe, recipe.fwd_format.max, reduced_amax)
         else:
             self.backward.update(recipe, recipe.bwd_format.max, reduced_amax)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"forward": self.forward.state_dict(), "backward": self.backward.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if set(state) != {"forward", "backward"}:
-            raise KeyError(
-                f"FP8ModuleState: expected keys 'forward' and 'backward', got {sorted(state)}."
-            )
-        self.forward.load_state_dict(state["forward"], name="FP8ModuleState.forward")
-        self.backward.load_state_dict(state["backward"], name="FP8ModuleState.backward")
-
-
-# ---- distributed -----------------------------------------------------------------------------

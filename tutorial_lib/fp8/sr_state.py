@@ -32,9 +32,10 @@ class StochasticRoundingState:
         raise NotImplementedError
 
     def sr_generator(self, device: torch.device | str) -> torch.Generator:
-        """The layer's stochastic-rounding generator on ``device``, created on first use (seeded
-        by ``sr_seed`` from the run's seed and the layer name). Moving to another
-        device reseeds it from a draw of the old one, so the stream stays reproducible."""
+        """The layer's stochastic-rounding generator on ``device``, created on first use, seeded
+        with this run's torch seed mixed with the layer's name (so layers draw different noise
+        and a rerun with the same seed draws the same). Moving to another device reseeds it from
+        a draw of the old one, so the stream stays reproducible."""
         device = torch.device(device)
         gen = self._sr_generator
         if gen is not None and gen.device.type == device.type:
@@ -56,7 +57,8 @@ class StochasticRoundingState:
                     stacklevel=2,
                 )
         elif gen is None:
-            new.manual_seed(sr_seed(self._layer_name()))
+            name = zlib.crc32(self._layer_name().encode())
+            new.manual_seed((torch.initial_seed() * 0x9E3779B1 + name) % (1 << 63))
         else:
             draw = torch.randint(1 << 62, (1,), generator=gen, device=gen.device)
             new.manual_seed(int(draw))
@@ -85,9 +87,3 @@ class StochasticRoundingState:
             return
         self._sr_pending = state.detach().to("cpu").clone()
         self._sr_generator = None
-
-
-def sr_seed(layer_name: str) -> int:
-    """The seed of a layer's stochastic-rounding generator: this run's torch seed mixed with the
-    layer's name, so layers draw different noise and a rerun with the same seed draws the same."""
-    return (torch.initial_seed() * 0x9E3779B1 + zlib.crc32(layer_name.encode())) % (1 << 63)

@@ -4,7 +4,7 @@
 Linear layer, the three tensors an FP8 GEMM quantizes: its input activation, its weight, and the
 gradient arriving at its output. ``quant_stats`` then says what ``quantize`` does to a tensor at
 a given scale: how many values saturate at the format's max, how many non-zero values flush to
-zero, and the error that remains. Chapter 4 plots both; ``FP8Linear`` reports the same numbers.
+zero, and the error that remains. Chapter 4 plots both.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ __all__ = [
     "quant_stats",
     "scale_for",
     "capture_gemm_tensors",
-    "error_vs_scale",
     "ScaleTrace",
 ]
 
@@ -73,13 +72,6 @@ def quant_stats(x: torch.Tensor, fmt: FloatFormat | str, scale: float | torch.Te
         flushed=((q.float() == 0) & nonzero).sum().item() / n_nonzero if n_nonzero else 0.0,
         rel_rmse=(back - x).norm().item() / norm if norm > 0 else 0.0,
     )
-
-
-def error_vs_scale(
-    x: torch.Tensor, fmt: FloatFormat | str, scales: Sequence[float]
-) -> list[QuantStats]:
-    """``quant_stats`` of one tensor at each of ``scales`` (for error-versus-scale plots)."""
-    return [quant_stats(x, fmt, s) for s in scales]
 
 
 def capture_gemm_tensors(

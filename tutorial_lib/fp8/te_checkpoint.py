@@ -93,21 +93,16 @@ def _layout(model_config: dict[str, Any]) -> tuple[list[str], list[str]]:
     return linears, norms
 
 
-def _policy_recipe() -> DelayedScaling:
-    """The recipe both policies train with by default (``make_fp8_policy``, ``make_te_policy``)."""
-    return DelayedScaling()
-
-
 def _to_te(model: dict[str, Any], linears: list[str], norms: list[str]) -> None:
-    recipe = _policy_recipe()
+    recipe = DelayedScaling()  # both policies' default (make_fp8_policy, make_te_policy)
     fmt = recipe.fp8_format
     # what TE's fp8_meta holds as plain values once a te.Linear has run under this recipe
     # (init_fp8_metadata in pytorch/module/base.py, TE 2.9 and 2.20)
     variables = {
         "num_gemms": 1,
         "fp8_checkpoint": True,
-        "fp8_max_fwd": fmt.max_fwd,
-        "fp8_max_bwd": fmt.max_bwd,
+        "fp8_max_fwd": fmt.fwd.max,
+        "fp8_max_bwd": fmt.bwd.max,
     }
     for name in linears:
         keys = {d: [f"{name}.{b}" for b in names] for d, names in FP8_BUFFERS.items()}
@@ -133,7 +128,7 @@ def _to_te(model: dict[str, Any], linears: list[str], norms: list[str]) -> None:
 
 
 def _from_te(model: dict[str, Any], linears: list[str], norms: list[str]) -> None:
-    recipe = _policy_recipe()
+    recipe = DelayedScaling()  # both policies' default (make_fp8_policy, make_te_policy)
     for name in linears:
         key = f"{name}.{_EXTRA}"
         if key not in model:

@@ -1,36 +1,33 @@
-"""Transformer Engine (TE) modules in a GPT: the ``TELayers`` factory and ``convert_to_te``.
+"""Transformer Engine (TE) modules in a GPT: ``convert_to_te``.
 
-    - ``TELayers``: a ``LayerFactory`` (see ``layers.py``) that returns ``te.Linear`` and
-      ``te.LayerNorm``, so ``GPT(cfg, layers=TELayers())`` is built from TE modules;
-    - ``convert_to_te``: swaps the ``nn.Linear``/``nn.LayerNorm`` layers of an existing model
-      for TE modules with the same weights (the tied embedding/LM head stays as it is); with
-      ``fused=True`` it also merges each block's LayerNorms into the layers they feed
-      (``te.LayerNormLinear``, ``te.LayerNormMLP``, see ``fuse_blocks``).
+``convert_to_te`` swaps the ``nn.Linear``/``nn.LayerNorm`` layers of a built model for TE
+modules with the same weights (the tied embedding/LM head stays as it is); with ``fused=True`` it
+also merges each block's LayerNorms into the layers they feed (``te.LayerNormLinear``,
+``te.LayerNormMLP``, see ``fuse_blocks``). The ``te-fp8`` policies build the plain GPT and then
+convert it.
 
 Importing this module never imports TE (``te_contract.import_te`` does, when a function needs
-it); every TE call here is declared in ``te_contract.TE_API_USED``.
+it); every TE call here is declared in ``TE_API_USED`` (``tests/te_contract_tables.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import ModuleType
 from typing import TypeVar
 
 import torch
 from torch import nn
 
-from ..layers import LINEAR_ROLES, TorchLayers
 from ..model import Block
 from .convert import convertible_linears, fp8_layer_problems
 from .te_contract import import_te
 
-__all__ = ["TELayers", "TEFusedMLP", "fp8_shape_problems", "convert_to_te"]
+__all__ = ["TEFusedMLP", "convert_to_te"]
 
 _M = TypeVar("_M", bound=nn.Module)
 
 
-# ---- layers ------------------------------------------------------------------------------------
+# ---- weights into TE modules ---------------------------------------------------------------------
 def _gpt2_normal_init(weight: torch.Tensor) -> None:
     """GPT-2's Linear init, N(0, 0.02); TE's own default is N(0, 0.023)."""
     nn.init.normal_(weight, mean=0.0, std=0.02)
@@ -67,63 +64,7 @@ def _linear_sources(linear: nn.Linear, prefix: str = "") -> _Sources:
     return {f"{prefix}weight": linear.weight, f"{prefix}bias": linear.bias}
 
 
-@dataclass
-class TELayers(TorchLayers):
-    """A ``LayerFactory`` returning ``te.Linear`` and ``te.LayerNorm``.
-
-    ``GPT.__init__`` only re-initialises ``nn.Linear``, so the Linear layers get GPT-2's
-    N(0, 0.02) here (through TE's ``init_method``); the ``proj`` rescaling still applies by
-    name. TE's LayerNorm cannot drop its bias: with ``bias=False`` it is pinned to zero and
-    frozen. A factory builds one layer at a time, so it cannot return TE's fused
-    ``LayerNormLinear``/``LayerNormMLP`` (a LayerNorm merged into the layer it feeds): build the
-    GPT, then ``convert_to_te(model, fused=True)``, as the ``te-fp8-fused`` policy does.
-
-    Placement:
-        device: where parameters are allocated; None means the current CUDA device.
-        params_dtype: parameter (master weight) dtype; None means torch's default (FP32).
-    """
-
-    device: torch.device | str | None = None
-    params_dtype: torch.dtype | None = None
-
-    def _device(self) -> torch.device:
-        if self.device is not None:
-            return torch.device(self.device)
-        return torch.device("cuda", torch.cuda.current_device())
-
-    def _dtype(self) -> torch.dtype:
-        return self.params_dtype or torch.get_default_dtype()
-
-    def linear(self, in_features: int, out_features: int, bias: bool, role: str) -> nn.Module:
-        if role not in LINEAR_ROLES:
-            raise ValueError(f"Unknown linear role {role!r}; expected one of {LINEAR_ROLES}.")
-        te = import_te()
-        return te.Linear(
-            in_features=in_features,
-            out_features=out_features,
-            bias=bias,
-            params_dtype=self._dtype(),
-            device=self._device(),
-            init_method=_gpt2_normal_init,
-        )
-
-    def layernorm(self, features: int, bias: bool) -> nn.Module:
-        te = import_te()
-        norm = te.LayerNorm(
-            normalized_shape=features, eps=1e-5, dtype=self._dtype(), device=self._device()
-        )
-        return norm if bias else _copy_into(norm, {"bias": 0.0})
-
-
 # ---- converting a built model ------------------------------------------------------------------
-def fp8_shape_problems(model: nn.Module) -> list[str]:
-    """Linear layers ``convert_to_te`` would swap whose shapes TE's FP8 GEMMs refuse
-    (``assert_dim_for_fp8_exec`` on the weight: in_features divisible by 16, out_features by 8;
-    the token count, divisible by 8, only the input shows). The same rule and wording as our own
-    ``fp8_layer_problems`` (``FP8_SHAPE_RULE``)."""
-    return fp8_layer_problems(model)
-
-
 def _te_linear_like(te: ModuleType, old: nn.Linear, device: torch.device) -> nn.Module:
     new = te.Linear(
         in_features=old.in_features,
@@ -174,7 +115,9 @@ def convert_to_te(
     implementation in the book and a state we can compare layer by layer with the other policies.
     """
     te = import_te()
-    problems = fp8_shape_problems(model)
+    # TE's FP8 GEMMs check the weight (assert_dim_for_fp8_exec: in_features % 16,
+    # out_features % 8) as ours do (FP8_SHAPE_RULE); the token count only the input shows
+    problems = fp8_layer_problems(model)
     if problems:
         raise ValueError(
             "TE's FP8 GEMMs need a Linear's in_features divisible by 16 and its out_features "
@@ -226,21 +169,6 @@ _FUSED_PARTS = {
 }
 
 
-def _fusion_problems(name: str, block: nn.Module) -> list[str]:
-    """Why ``block`` is not the plain-PyTorch ``Block`` that fusion expects (empty: it is)."""
-    problems = []
-    for part, kind in _FUSED_PARTS.items():
-        module = _submodule_or_none(block, part)
-        if type(module) is not kind:
-            found = "missing" if module is None else type(module).__name__
-            problems.append(f"{name}.{part} is {found}, not {kind.__name__}")
-    if not problems:
-        fc, proj = _part(block, "mlp.fc", nn.Linear), _part(block, "mlp.proj", nn.Linear)
-        if (fc.bias is None) != (proj.bias is None):
-            problems.append(f"{name}.mlp: fc and proj must both have a bias or neither")
-    return problems
-
-
 def _submodule_or_none(module: nn.Module, path: str) -> nn.Module | None:
     try:
         return module.get_submodule(path)
@@ -249,7 +177,7 @@ def _submodule_or_none(module: nn.Module, path: str) -> nn.Module | None:
 
 
 def _part(module: nn.Module, path: str, kind: type[_M]) -> _M:
-    """The submodule at ``path``, which must be a ``kind`` (``_fusion_problems`` checked it)."""
+    """The submodule at ``path``, which must be a ``kind`` (``fuse_blocks`` checked it)."""
     part = module.get_submodule(path)
     if not isinstance(part, kind):
         raise TypeError(f"{path} is {type(part).__name__}, not {kind.__name__}")
@@ -258,7 +186,18 @@ def _part(module: nn.Module, path: str, kind: type[_M]) -> _M:
 
 def fuse_blocks(te: ModuleType, model: nn.Module, device: torch.device | str | None) -> None:
     blocks = [(name, m) for name, m in model.named_modules() if isinstance(m, Block)]
-    problems = [p for name, block in blocks for p in _fusion_problems(name, block)]
+    problems: list[str] = []
+    for name, block in blocks:  # each must be the plain-PyTorch Block that fusion expects
+        wrong = [
+            f"{name}.{part} is {'missing' if m is None else type(m).__name__}, not {kind.__name__}"
+            for part, kind in _FUSED_PARTS.items()
+            if type(m := _submodule_or_none(block, part)) is not kind
+        ]
+        if not wrong:
+            fc, proj = _part(block, "mlp.fc", nn.Linear), _part(block, "mlp.proj", nn.Linear)
+            if (fc.bias is None) != (proj.bias is None):
+                wrong.append(f"{name}.mlp: fc and proj must both have a bias or neither")
+        problems += wrong
     if not blocks or problems:
         raise ValueError(
             "convert_to_te(fused=True) fuses the LayerNorms of plain-PyTorch GPT blocks "

@@ -1,16 +1,15 @@
 """The ``te-fp8`` and ``te-fp8-fused`` precision policies: TE's recipe, autocast and checks.
 
     - ``te_recipe``/``te_autocast``: our delayed-scaling recipe as TE's, or any TE recipe by name
-      (``te_recipe_by_name``: ``DelayedScaling``, ``Float8CurrentScaling``, ``Float8BlockScaling``,
+      (``DelayedScaling``, ``Float8CurrentScaling``, ``Float8BlockScaling``,
       ``MXFP8BlockScaling``, ``NVFP4BlockScaling``, or our short names ``TE_RECIPE_SHORT_NAMES``),
       and TE's FP8 autocast (``te.autocast`` since TE 2.9, ``te.fp8_autocast`` before);
-    - ``te_scaling_state``: a TE module's amax histories and scales;
     - ``make_te_policy``/``register_te_policy``: the ``te-fp8`` and ``te-fp8-fused`` policies
       (TE modules from ``te_convert.convert_to_te``, GEMMs under ``te_autocast``), with the GPU
       check of their recipe (``TE_GPU_NEEDS``).
 
 Importing this module never imports TE (``te_contract.import_te`` does, when a function needs
-it); every TE call here is declared in ``te_contract.TE_API_USED``.
+it); every TE call here is declared in ``TE_API_USED`` (``tests/te_contract_tables.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..checks import check_positive_int
 from ..hardware import cuda_capability, te_available
@@ -36,7 +35,6 @@ from .te_contract import (
     TE_RECIPE_POWER_2_FLAGS,
     TE_RECIPE_QPARAMS,
     TEGPUNeed,
-    _import_te_recipe,
     import_te,
 )
 from .te_convert import convert_to_te
@@ -49,11 +47,9 @@ __all__ = [
     "te_recipe_kwargs",
     "te_recipe_short_name",
     "te_recipe_options",
-    "te_recipe_by_name",
     "te_recipe_kind",
     "te_recipe",
     "te_autocast",
-    "te_scaling_state",
     "check_te_fp8_device",
     "make_te_policy",
     "register_te_policy",
@@ -145,7 +141,7 @@ def te_recipe_short_name(name: str) -> str:
 
 
 def te_recipe_options(name: str, **options: Any) -> tuple[str, dict[str, Any]]:
-    """(TE class name, options) for ``te_recipe_by_name``, checked without TE: each option must
+    """(TE class name, options) for ``te_recipe`` given a name, checked without TE: each option must
     be a field of TE's recipe class (``te_contract.TE_RECIPE_FIELDS``) and a format a member of
     TE's ``Format``, given by name (returned as its name)."""
     cls_name = TE_RECIPE_SHORT_NAMES[te_recipe_short_name(name)]
@@ -163,32 +159,6 @@ def te_recipe_options(name: str, **options: Any) -> tuple[str, dict[str, Any]]:
         if options[field] not in members:
             raise ValueError(f"{field}={value!r}: TE's Format has only {members}.")
     return cls_name, options
-
-
-def te_recipe_by_name(name: str, **options: Any) -> Any:
-    """TE's recipe ``name`` (a TE class name or a short name) built with ``options``, its
-    constructor's fields (checked by ``te_recipe_options``; TE's own checks raise ValueError).
-
-    ``use_power_2_scales`` (current) and ``use_f32_scales`` (block) are also written into the
-    recipe's ``fp8_quant_*`` parameters, which TE's modules read instead of the flag
-    (``te_contract.TE_RECIPE_POWER_2_FLAGS``); otherwise only the environment variable set
-    before importing TE would change them."""
-    cls_name, options = te_recipe_options(name, **options)
-    recipe_mod = _import_te_recipe()
-    cls = getattr(recipe_mod, cls_name)
-    for field in set(_FORMAT_FIELDS) & set(options):
-        options[field] = recipe_mod.Format[options[field]]
-    try:
-        recipe = cls(**options)
-    except (AssertionError, TypeError, ValueError) as err:  # TE asserts in __post_init__
-        raise ValueError(f"TE's {cls_name} refuses the options {sorted(options)}: {err}") from err
-    flag = TE_RECIPE_POWER_2_FLAGS.get(cls_name)
-    if flag is not None and flag[0] in options:
-        power_2 = bool(options[flag[0]]) == flag[1]
-        for attr in TE_RECIPE_QPARAMS:
-            qparams = dataclasses.replace(getattr(recipe, attr), power_2_scale=power_2)
-            setattr(recipe, attr, qparams)
-    return recipe
 
 
 def _te_object_kind(recipe: object) -> tuple[bool, str | None]:
@@ -221,24 +191,48 @@ def te_recipe_kind(recipe: object | None) -> str | None:
 
 
 def te_recipe(recipe: object | None = None, **options: Any) -> Any:
-    """TE's recipe for ``recipe``: a name (``te_recipe_by_name`` with ``options``), None (TE's
-    ``DelayedScaling`` with ``options``: TE's defaults, which our recipe mirrors), a TE recipe
-    (any kind, returned unchanged) or our delayed-scaling recipe (read duck-typed)."""
-    if recipe is None or isinstance(recipe, str):
-        return te_recipe_by_name(recipe or "delayed", **options)
-    if options:
+    """TE's recipe for ``recipe``: a name (a TE class name or a short name), None (TE's
+    ``DelayedScaling``: TE's defaults, which our recipe mirrors), a TE recipe (any kind,
+    returned unchanged) or our delayed-scaling recipe (read duck-typed).
+
+    ``options`` go with a name or None: the constructor's fields (checked by
+    ``te_recipe_options``; TE's own checks raise ValueError). ``use_power_2_scales`` (current)
+    and ``use_f32_scales`` (block) are also written into the recipe's ``fp8_quant_*``
+    parameters, which TE's modules read instead of the flag
+    (``te_contract.TE_RECIPE_POWER_2_FLAGS``); otherwise only the environment variable set
+    before importing TE would change them."""
+    by_name = recipe is None or isinstance(recipe, str)
+    if by_name:
+        cls_name, options = te_recipe_options(str(recipe or "delayed"), **options)
+    elif options:
         raise TypeError(f"Recipe options {sorted(options)} go with a recipe name, not an object.")
-    recipe_mod = _import_te_recipe()
-    if _te_object_kind(recipe)[0]:  # any TE recipe, e.g. Float8CurrentScaling
-        return recipe
-    kwargs = te_recipe_kwargs(recipe)
-    return recipe_mod.DelayedScaling(
-        margin=kwargs["margin"],
-        fp8_format=recipe_mod.Format[kwargs["fp8_format"]],
-        amax_history_len=kwargs["amax_history_len"],
-        amax_compute_algo=kwargs["amax_compute_algo"],
-        reduce_amax=kwargs["reduce_amax"],
-    )
+    import_te()
+    recipe_mod = importlib.import_module("transformer_engine.common.recipe")
+    if not by_name:
+        if _te_object_kind(recipe)[0]:  # any TE recipe, e.g. Float8CurrentScaling
+            return recipe
+        kwargs = te_recipe_kwargs(recipe)
+        return recipe_mod.DelayedScaling(
+            margin=kwargs["margin"],
+            fp8_format=recipe_mod.Format[kwargs["fp8_format"]],
+            amax_history_len=kwargs["amax_history_len"],
+            amax_compute_algo=kwargs["amax_compute_algo"],
+            reduce_amax=kwargs["reduce_amax"],
+        )
+    cls = getattr(recipe_mod, cls_name)
+    for field in set(_FORMAT_FIELDS) & set(options):
+        options[field] = recipe_mod.Format[options[field]]
+    try:
+        built = cls(**options)
+    except (AssertionError, TypeError, ValueError) as err:  # TE asserts in __post_init__
+        raise ValueError(f"TE's {cls_name} refuses the options {sorted(options)}: {err}") from err
+    flag = TE_RECIPE_POWER_2_FLAGS.get(cls_name)
+    if flag is not None and flag[0] in options:
+        power_2 = bool(options[flag[0]]) == flag[1]
+        for attr in TE_RECIPE_QPARAMS:
+            qparams = dataclasses.replace(getattr(built, attr), power_2_scale=power_2)
+            setattr(built, attr, qparams)
+    return built
 
 
 @contextlib.contextmanager
@@ -263,28 +257,6 @@ def te_autocast(
         )
     with region:
         yield
-
-
-def te_scaling_state(module: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
-    """Copies of a TE module's delayed-scaling state, read from ``module.fp8_meta``.
-
-    Returns ``{"forward": {"amax_history": (L, 3), "scale": (3,)}, "backward": {... (L, 2),
-    (2,)}}`` for a ``te.Linear`` (rows: ``TE_FWD_INDEX``, ``TE_BWD_INDEX``); a direction is
-    missing until the module has run under FP8 autocast. Row 0 of a history holds the amax being
-    collected for the next update; older values sit in the rows below it, newest last.
-    """
-    meta = getattr(module, "fp8_meta", None)
-    if not isinstance(meta, dict):
-        raise TypeError(f"{type(module).__name__} has no TE fp8_meta; pass a TE module.")
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for key, direction in (("scaling_fwd", "forward"), ("scaling_bwd", "backward")):
-        state = meta.get(key)
-        if state is not None and hasattr(state, "amax_history"):
-            out[direction] = {
-                "amax_history": state.amax_history.detach().clone(),
-                "scale": state.scale.detach().clone(),
-            }
-    return out
 
 
 # ---- the policy --------------------------------------------------------------------------------
@@ -346,7 +318,7 @@ def make_te_policy(
     """The ``te-fp8`` policy: TE modules, GEMMs under ``te_autocast`` with ``recipe``,
     everything else under BF16 autocast. ``recipe``: None (delayed scaling, TE's defaults), a TE
     recipe's name or short name (``TE_RECIPE_SHORT_NAMES``) with ``recipe_options`` for its
-    constructor (``te_recipe_by_name``), a TE recipe object, or our delayed-scaling recipe. Names
+    constructor (``te_recipe``), a TE recipe object, or our delayed-scaling recipe. Names
     and options are checked now, without TE; the TE recipe is built on first use. The device
     check is the recipe's (``TE_GPU_NEEDS``).
 

@@ -19,8 +19,9 @@ Here the same content is kept as tensors and plain data (``TE_STATE_FORMAT``; th
 plain fields of ``te_policy.te_recipe_kwargs``):
     ``to_te_extra_state(state, recipe)`` / ``from_te_extra_state(extra)``: our
         ``FP8ModuleState`` + ``DelayedScaling`` <-> TE's layout (reading, the recipe may also be
-        a TE recipe object, as in TE's unpickled dict). The columns (``FP8FwdTensors``,
-        ``FP8BwdTensors``) and the history rows (row 0 collecting, newest last) are TE's.
+        a TE recipe object, as in TE's unpickled dict). The columns (TE's ``FP8FwdTensors``,
+        ``FP8BwdTensors``: ``scaling.GEMM1_*``, ``GRAD_*1``) and the history rows (row 0
+        collecting, newest last) are TE's.
     ``te_extra_state(module)`` / ``load_te_extra_state(module, extra)``: read a live TE module
         in that form; restore it as TE's ``set_extra_state`` does (plain values and recipe into
         fp8_meta, ``init_fp8_meta_tensors``, copy the tensors), without pickle.
@@ -54,7 +55,6 @@ __all__ = [
     "te_extra_state",
     "load_te_extra_state",
     "check_te_extra_state",
-    "is_te_module",
     "te_extra_state_modules",
 ]
 
@@ -182,19 +182,14 @@ def _plain_variables(variables: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- live TE modules ---------------------------------------------------------------------------
-def is_te_module(module: nn.Module) -> bool:
-    """A TE module (read duck-typed): a dict ``fp8_meta`` and its own ``get_extra_state``."""
-    return isinstance(getattr(module, "fp8_meta", None), dict) and (
-        type(module).get_extra_state is not nn.Module.get_extra_state
-    )
-
-
 def te_extra_state_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """``{state-dict key of its _extra_state: module}`` for every TE module of ``model``."""
+    """``{state-dict key of its _extra_state: module}`` for every TE module of ``model``, read
+    duck-typed: a dict ``fp8_meta`` and its own ``get_extra_state``."""
     return {
         f"{name}.{_EXTRA}" if name else _EXTRA: m
         for name, m in model.named_modules()
-        if is_te_module(m)
+        if isinstance(getattr(m, "fp8_meta", None), dict)
+        and type(m).get_extra_state is not nn.Module.get_extra_state
     }
 
 

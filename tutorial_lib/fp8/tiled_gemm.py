@@ -3,9 +3,9 @@
 ``Float8BlockScaling`` (DeepSeek-V3's scheme) scales 1x128 tiles of activations and gradients
 and 128x128 tiles of weights. cuBLAS 12.9 applies such tile scales inside the GEMM on sm_90, and
 torch exposes it as ``torch.nn.functional.scaled_mm`` with ``ScalingType.BlockWise1x128`` and
-``BlockWise128x128`` (``torch._scaled_mm_v2``). ``block_scaled_mm`` computes ``a @ b^T`` for two
-``QuantizedTensor``s quantized along their shared last dimension K, as ``linear_function``'s
-``quantized_matmul`` does in emulation:
+``BlockWise128x128`` (``torch._scaled_mm_v2``). ``block_scaled_mm_call(a, b, ...).run()``
+computes ``a @ b^T`` for two ``QuantizedTensor``s quantized along their shared last dimension K,
+as ``linear_function``'s ``quantized_matmul`` does in emulation:
 
     forward   x (1x128) @ w (128x128)^T        dgrad   dy (1x128) @ w_col (128x128)^T
     wgrad     dy_col (1x128) @ x_col (1x128)^T
@@ -46,7 +46,6 @@ __all__ = [
     "BLOCK_SCALING",
     "BlockScaledMMCall",
     "block_scale_operand",
-    "block_scaled_mm",
     "block_scaled_mm_call",
     "native_block_problem",
 ]
@@ -129,8 +128,10 @@ def block_scaled_mm_call(
     use_fast_accum: bool = False,
     bias: torch.Tensor | None = None,
 ) -> BlockScaledMMCall:
-    """The arguments ``block_scaled_mm`` hands torch's blockwise kernel: a pure function, so a
-    test on any machine checks exactly what CUDA would receive."""
+    """The arguments of torch's blockwise kernel for ``a @ b^T (+ bias)``, ``(M, K) x (N, K) ->
+    (M, N)`` in ``out_dtype``, the tile scales applied inside the GEMM (``.run()`` calls it on
+    the GPU's FP8 tensor cores; the caller checks ``native_block_problem`` first): a pure
+    function, so a test on any machine checks exactly what CUDA would receive."""
     fused = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
     return BlockScaledMMCall(
         mat_a=as_matrix(a.data).contiguous(),
@@ -144,16 +145,3 @@ def block_scaled_mm_call(
         use_fast_accum=use_fast_accum,
         bias_after=None if fused else bias,
     )
-
-
-def block_scaled_mm(
-    a: QuantizedTensor,
-    b: QuantizedTensor,
-    out_dtype: torch.dtype,
-    use_fast_accum: bool = False,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``a @ b^T (+ bias)`` on the GPU's FP8 tensor cores, the tile scales applied inside the
-    GEMM; ``(M, K) x (N, K) -> (M, N)`` in ``out_dtype``. The caller checks
-    ``native_block_problem`` first."""
-    return block_scaled_mm_call(a, b, out_dtype, use_fast_accum, bias).run()

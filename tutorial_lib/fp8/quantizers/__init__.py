@@ -34,7 +34,6 @@ from .per_tensor import CurrentQuantizer, DelayedQuantizer, RowwiseQuantizer
 
 __all__ = [
     "QUANTIZERS",
-    "RECIPE_NAMES",
     "ROLES",
     "get_quantizer",
     "QuantizedTensor",
@@ -66,7 +65,6 @@ QUANTIZERS: dict[str, type[Quantizer]] = {
     )
 }
 _TE_NAMES = {cls.te_name: name for name, cls in QUANTIZERS.items() if cls.te_name}
-RECIPE_NAMES = tuple(QUANTIZERS) + tuple(_TE_NAMES)  # every name get_quantizer accepts
 
 
 def get_quantizer(recipe: str, role: str, **options: Any) -> Quantizer:

@@ -138,11 +138,6 @@ class Quantizer(ABC):
     def quantize(self, x: torch.Tensor) -> QuantizedTensor:
         """Quantize ``x`` (any shape, a float32 / bfloat16 / float16 / float64 tensor)."""
 
-    def te_shape_problem(self, shape: tuple[int, ...] | torch.Size) -> str | None:
-        """Why TE's own quantizer for this recipe would refuse ``shape`` (None: it accepts it).
-        Ours accept any shape; this says what running the same tensor through TE needs."""
-        return None
-
     def _result(
         self,
         x: torch.Tensor,

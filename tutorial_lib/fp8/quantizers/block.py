@@ -6,15 +6,14 @@
             two) rounded *up*, so no element saturates; E4M3 by default
 
 Ours accept any shape: the last tile of each dimension is padded with zeros for its amax and
-cut off again. TE's quantizers refuse what is not a whole number of tiles (``te_shape_problem``:
-both the last dimension and the product of the others divisible by 128, or by 32 for MXFP8).
+cut off again. TE's quantizers refuse what is not a whole number of tiles (both the last
+dimension and the product of the others divisible by 128, or by 32 for MXFP8).
 Both TE recipes also keep a column-wise copy for the backward GEMMs, quantized from the
 high-precision tensor rather than transposed; here that copy is ``quantize(x.T)``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -37,16 +36,6 @@ __all__ = ["BlockQuantizer", "MXFP8Quantizer", "BLOCK_LEN", "MXFP8_BLOCK", "floa
 
 BLOCK_LEN = 128  # Float8BlockScaling's tile edge
 MXFP8_BLOCK = 32  # OCP MX block size
-
-
-def _tiled_shape_problem(shape: tuple[int, ...] | torch.Size, n: int, who: str) -> str | None:
-    """TE's ``is_quantizable`` for block formats: 2-D or more, both matrix sides divisible."""
-    if len(shape) < 2 or shape[-1] % n or math.prod(shape[:-1]) % n:
-        return (
-            f"TE's {who} needs at least 2 dimensions, shape[-1] % {n} == 0 and "
-            f"prod(shape[:-1]) % {n} == 0; got {tuple(shape)}."
-        )
-    return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,9 +96,6 @@ class BlockQuantizer(FP8Quantizer):
             tile=tile,
             amax=tensor_amax(m),
         )
-
-    def te_shape_problem(self, shape: tuple[int, ...] | torch.Size) -> str | None:
-        return _tiled_shape_problem(shape, BLOCK_LEN, "Float8BlockQuantizer")
 
 
 def float_to_e8m0(v: torch.Tensor) -> torch.Tensor:
@@ -178,6 +164,3 @@ class MXFP8Quantizer(FP8Quantizer):
             tile=tile,
             amax=tensor_amax(m),
         )
-
-    def te_shape_problem(self, shape: tuple[int, ...] | torch.Size) -> str | None:
-        return _tiled_shape_problem(shape, MXFP8_BLOCK, "MXFP8Quantizer")

@@ -30,7 +30,6 @@ Options (TE's recipe turns them on per tensor; here they are off unless asked fo
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -136,11 +135,3 @@ class NVFP4Quantizer(Quantizer):
             tensor_scale_inv=amax * _f32(1 / _FP8_TIMES_FP4_MAX, m),
             rht=self.rht,
         )
-
-    def te_shape_problem(self, shape: tuple[int, ...] | torch.Size) -> str | None:
-        if len(shape) < 2 or shape[-1] % NVFP4_BLOCK or math.prod(shape[:-1]) % NVFP4_BLOCK:
-            return (
-                f"TE's NVFP4Quantizer needs at least 2 dimensions, shape[-1] % 16 == 0 and "
-                f"prod(shape[:-1]) % 16 == 0; got {tuple(shape)}."
-            )
-        return None

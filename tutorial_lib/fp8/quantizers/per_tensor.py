@@ -15,7 +15,6 @@ leading dimensions divisible by 8 and the last by 16; ``torch._scaled_mm`` needs
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -38,16 +37,6 @@ __all__ = ["DelayedQuantizer", "CurrentQuantizer", "RowwiseQuantizer", "TORCHAO_
 TORCHAO_EPS = 1e-12  # torchao's floor on an amax before dividing (``float8_utils.EPS``)
 
 
-def _te_gemm_shape_problem(shape: tuple[int, ...] | torch.Size) -> str | None:
-    """TE's rule for an FP8 GEMM operand (``assert_dim_for_fp8_exec``)."""
-    if len(shape) < 1 or math.prod(shape[:-1]) % 8 or shape[-1] % 16:
-        return (
-            f"TE's FP8 GEMMs need prod(shape[:-1]) % 8 == 0 and shape[-1] % 16 == 0; "
-            f"got {tuple(shape)}."
-        )
-    return None
-
-
 @dataclass(frozen=True, eq=False)
 class _PerTensor(FP8Quantizer):
     """Shared by delayed and current scaling: one scale, TE's HYBRID default."""
@@ -65,9 +54,6 @@ class _PerTensor(FP8Quantizer):
             tile=(max(m.shape[0], 1), max(m.shape[1], 1)),
             amax=tensor_amax(x),
         )
-
-    def te_shape_problem(self, shape: tuple[int, ...] | torch.Size) -> str | None:
-        return _te_gemm_shape_problem(shape)
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,8 +169,3 @@ class RowwiseQuantizer(Quantizer):
             tile=(1, max(m.shape[1], 1)),
             amax=tensor_amax(x),
         )
-
-    def te_shape_problem(self, shape: tuple[int, ...] | torch.Size) -> str | None:
-        if len(shape) < 1 or shape[-1] % 16:
-            return f"torch._scaled_mm needs the reduction dimension divisible by 16; got {tuple(shape)}."
-        return None
