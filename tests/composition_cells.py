@@ -16,7 +16,8 @@ import torch
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.jobs.dp_workers import DPRun, dp_layouts_worker
+from tutorial_lib.jobs.dp_workers import DPRun, dp_train
+from tutorial_lib.jobs.workers import run_jobs
 from tutorial_lib.parallel.compose import Cell
 from tutorial_lib.parallel.launch import spawn
 from tutorial_lib.train import Trainer
@@ -78,8 +79,8 @@ def train_cells(
         ranks, mode, tp = cell_layout(c)
         train = _cell_config(c.precision, steps)
         run = DPRun(CELL_MODEL, _cell_data(), train, mode, tp=tp, fused=c.fused, compile=c.compile)
-        jobs.append((ranks, run))
-    results = spawn(dp_layouts_worker, world, jobs, timeout_s=timeout_s)[0]
+        jobs.append((ranks, dp_train, (run,)))
+    results = spawn(run_jobs, world, jobs, timeout_s=timeout_s)[0]
     return {cell_name(c): _rows(r["history"]) for c, r in zip(mine, results, strict=True)}
 
 

@@ -1,6 +1,6 @@
 """Spawned workers only the tests run (the chapters' are ``tutorial_lib.jobs``): checks of the
-tensor-parallel operators and layers, TP and data-parallel training steps, FP8 under DDP, and
-what failures look like. ``spawn`` unpickles a worker in the rank after taking the caller's
+tensor-parallel operators and layers, TP training steps, DTensor's TP under FSDP2, FP8 under DDP,
+and what failures look like. ``spawn`` unpickles a worker in the rank after taking the caller's
 ``sys.path``, so workers from this folder run like the package's.
 """
 
@@ -17,19 +17,16 @@ from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8 import DelayedScaling, FP8Linear, autocast, convert_to_fp8
-from tutorial_lib.jobs.dp_workers import DPRun, dp_train
+from tutorial_lib.jobs.dp_workers import DPRun
+from tutorial_lib.model import GPT
 from tutorial_lib.parallel import comm
 from tutorial_lib.parallel.comm import Group, group_rank, on_rank0
+from tutorial_lib.parallel.dtensor_tp import dtensor_parallelize
 from tutorial_lib.parallel.mesh import ParallelDims
 from tutorial_lib.parallel.shard import ShardMap, UnitSpec, global_index
 from tutorial_lib.parallel.tp_linear import ColumnParallelLinear, RowParallelLinear
-from tutorial_lib.parallel.tp_model import TPSpec, gather_full_state_dict, parallelize
+from tutorial_lib.parallel.tp_model import TPSpec, gather_full, parallelize
 from tutorial_lib.train import TrainConfig, Trainer
-
-
-def dp_train_worker(rank: int, world_size: int, *runs: DPRun) -> list[dict[str, Any]]:
-    """Each run in turn on all ranks (one spawn amortizes the start-up over several runs)."""
-    return [dp_train(run) for run in runs]
 
 
 def dp_refusals_worker(rank: int, world_size: int, run: DPRun) -> dict[str, str]:
@@ -100,8 +97,6 @@ def sp_generation_check(group: Group, cfg: Any, lengths: Sequence[int]) -> list[
     """A sequence- and vocabulary-parallel ``TPGPT`` without targets, at sequence lengths that
     do not split over the ranks (generation's): the largest difference of its logits from the
     full model's, per length."""
-    from tutorial_lib.model import GPT
-
     torch.manual_seed(0)
     full = GPT(cfg)
     n = dist.get_world_size(group)
@@ -189,7 +184,83 @@ def tp_train_steps(
         history = trainer.train()
     finally:
         torch.set_default_dtype(default)
-    return {"history": history, "state_dict": gather_full_state_dict(model, group, shard_map)}
+    full = gather_full(model.state_dict(), cfg, group, shard_map)
+    return {"history": history, "state_dict": full}
+
+
+SGD_LR, SGD_BATCH = 0.1, 4
+
+
+def _sgd_batches(cfg: GPTConfig, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(1)
+    shape = (SGD_BATCH, cfg.block_size)
+    return [
+        (
+            torch.randint(0, cfg.vocab_size, shape, generator=gen),
+            torch.randint(0, cfg.vocab_size, shape, generator=gen),
+        )
+        for _ in range(steps)
+    ]
+
+
+def sgd_losses(cfg: GPTConfig, steps: int) -> list[float]:
+    """One process: ``steps`` plain SGD steps of the seeded GPT on ``_sgd_batches``; the losses."""
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=SGD_LR)
+    losses = []
+    for x, y in _sgd_batches(cfg, steps):
+        _, loss = model(x, y)
+        assert loss is not None
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def dtensor_fsdp_losses(
+    groups: tuple[Group, Group, Group], cfg: GPTConfig, steps: int
+) -> list[float]:
+    """2D, as torchtitan composes them: dp x tp on the job's processes, DTensor TP
+    (``dtensor_parallelize``) over the ``tp`` dimension of a 2D ``DeviceMesh``, FSDP2 over its
+    ``dp`` dimension (each parameter a DTensor sharded over both), each data-parallel rank on its
+    rows of the global batch; the same SGD steps as ``sgd_losses``, whose losses (the mean over
+    the data-parallel ranks) it returns. ``groups``: (data-parallel, tensor-parallel, whole
+    job), as ``workers.run_jobs`` hands a job with ``mesh_tp``."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    dp_group, tp_group, job = groups
+    ranks = dist.get_process_group_ranks(job)
+    tp = dist.get_world_size(tp_group)
+    dp = len(ranks) // tp
+    mesh = DeviceMesh.from_group(
+        [dp_group, tp_group], "cpu", mesh=torch.tensor(ranks).view(dp, tp),
+        mesh_dim_names=("dp", "tp"),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = dtensor_parallelize(GPT(cfg), mesh["tp"])
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=SGD_LR)
+    d = dist.get_rank(dp_group)
+    rows = slice(d * SGD_BATCH // dp, (d + 1) * SGD_BATCH // dp)
+    losses = []
+    for x, y in _sgd_batches(cfg, steps):
+        _, loss = model(x[rows], y[rows])
+        assert loss is not None
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=dp_group)
+        losses.append(float(total) / dp)
+    return losses
+
+
+dtensor_fsdp_losses.mesh_tp = lambda *args: 2  # type: ignore[attr-defined]  # run_jobs: tp 2
 
 
 def fp8_ddp_steps(

@@ -24,7 +24,8 @@ from tutorial_lib.__main__ import main
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.jobs.dp_workers import DPRun
+from tutorial_lib.jobs.dp_workers import DPRun, dp_train
+from tutorial_lib.jobs.workers import run_jobs
 from tutorial_lib.parallel.launch import spawn
 from tutorial_lib.parallel.mesh import ParallelDims, local_rows
 from tutorial_lib.parallel.shard import ShardMap
@@ -78,7 +79,8 @@ def _spawn_runs(tmp: Path) -> dict[str, Any]:
     cases["fsdp-resume"] = DPRun(
         CFG, data, _cfg("fp32"), "fsdp", resume=str(tmp / "single.pt"), seed=7
     )
-    ranks = spawn(spawn_workers.dp_train_worker, 2, *cases.values(), timeout_s=300)
+    jobs = [((0, 1), dp_train, (run,)) for run in cases.values()]
+    ranks = spawn(run_jobs, 2, jobs, timeout_s=300)
     out = dict(zip(cases, ranks[0], strict=True))
     out["rank1-memory"] = {k: r["memory"] for k, r in zip(cases, ranks[1], strict=True)}
     out["rows"] = [ranks[r][0]["rows"] for r in (0, 1)]

@@ -180,19 +180,21 @@ def test_compile_combines_with_fp8(data_factory: Callable[..., TokenData]) -> No
         assert abs(a - b) < FP8_LOSS_TOLERANCE
 
 
-def test_build_model_refuses_what_cannot_combine() -> None:
+def test_build_model_refuses_what_cannot_combine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tutorial_lib.build as build_mod
+    from tutorial_lib.parallel.mesh import ParallelDims
+    from tutorial_lib.parallel.shard import ShardMap
+    from tutorial_lib.parallel.tp_model import TPSpec
+
     calls = []
 
-    class _TP:  # stands in for parallel.TPSpec: told about the fused kernels
-        degree, rank = 2, 0
+    def parallelize(model: GPT, group: object, shard_map: ShardMap, fused: bool, sp: bool) -> GPT:
+        calls.append(fused)  # stands in for tp_model.parallelize: told about the fused kernels
+        return model
 
-        def apply(self, model: GPT, fused: bool) -> GPT:
-            calls.append(fused)
-            return model
-
-    from tutorial_lib.parallel import ParallelDims, ShardMap, TPSpec
-
-    model = build_model(TINY, fused=True, parallel=ParallelDims(tp=_TP()))  # type: ignore[arg-type]
+    monkeypatch.setattr(build_mod, "parallelize", parallelize)
+    two_ranks = ParallelDims(tp=TPSpec(None, ShardMap.even(TINY, 2)))
+    model = build_model(TINY, fused=True, parallel=two_ranks)
     assert calls == [True] and model.recipe.tp == 2
     one_rank = ParallelDims(tp=TPSpec(None, ShardMap.even(TINY, 1)))
     with pytest.raises(ValueError, match="Not supported: 'te-fp8' under our tensor parallelism"):

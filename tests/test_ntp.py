@@ -14,7 +14,6 @@ from tutorial_lib.jobs.ntp_workers import (
     train_reference,
 )
 from tutorial_lib.model import GPT
-from tutorial_lib.parallel import ShardMap, global_index, join_units, split_by_unit, unit_specs
 from tutorial_lib.parallel.launch import spawn
 from tutorial_lib.parallel.ntp import (
     Route,
@@ -23,6 +22,13 @@ from tutorial_lib.parallel.ntp import (
     plan_ntp,
     reshard_routes,
     token_weights,
+)
+from tutorial_lib.parallel.shard import (
+    ShardMap,
+    global_index,
+    join_units,
+    split_by_unit,
+    unit_specs,
 )
 
 # 12 heads: TP 4 -> 3 heads per rank, TP 3 -> 4; odd vocab and block sizes catch shape mix-ups.

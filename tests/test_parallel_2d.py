@@ -20,7 +20,8 @@ from conftest import parallel_run_data, short_train_config
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.jobs.dp_workers import DPRun, dp_layouts_worker
+from tutorial_lib.jobs.dp_workers import DPRun, dp_train
+from tutorial_lib.jobs.workers import run_jobs
 from tutorial_lib.parallel.launch import spawn
 from tutorial_lib.parallel.mesh import check_layout
 from tutorial_lib.train import TrainConfig, Trainer
@@ -92,7 +93,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     fp8_dir = str(tmp / "fp8")  # FP8's scaling state (amax histories, scales) through DCP
     jobs["fp8-save"] = (ALL, DPRun(CFG, data, _cfg("fp8"), steps=3, save=fp8_dir, tp=2))
     jobs["fp8-same"] = (ALL, DPRun(CFG, data, _cfg("fp8"), resume=fp8_dir, seed=9, tp=2))
-    ranks = spawn(dp_layouts_worker, 4, list(jobs.values()), timeout_s=600)
+    ranks = spawn(run_jobs, 4, [(r, dp_train, (run,)) for r, run in jobs.values()], timeout_s=600)
     out = dict(zip(jobs, ranks[0], strict=True))
     out["checkpoint"], out["tp3-checkpoint"] = Path(save), Path(save3)
     return out

@@ -14,8 +14,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from tutorial_lib.config import GPTConfig  # noqa: E402
-from tutorial_lib.parallel import ShardMap  # noqa: E402
 from tutorial_lib.parallel.ntp import degraded_shard_map  # noqa: E402
+from tutorial_lib.parallel.shard import ShardMap  # noqa: E402
 from tutorial_lib.parallel.shard_plots import plot_shard_maps, rank_colors, unit_owners  # noqa: E402
 
 CFG = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=6, n_embd=12)  # FFN 48

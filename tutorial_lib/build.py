@@ -34,9 +34,10 @@ import torch.distributed as dist
 from .config import GPTConfig
 from .layers import LayerFactory, TorchLayers
 from .model import GPT
-from .parallel.compose import check_composition
+from .parallel.compose import composition_problem
 from .parallel.dp import replicate_with_ddp, shard_with_fsdp
 from .parallel.mesh import ParallelDims
+from .parallel.tp_model import parallelize
 from .precision import PrecisionPolicy, get_policy
 
 __all__ = ["ModelRecipe", "build_model", "check_fp8_spans_every_process", "recipe_of"]
@@ -76,15 +77,16 @@ def build_model(
     ``precision`` is a registered policy's name or a ``PrecisionPolicy``. ``seed`` (if given)
     seeds torch first, so equal seeds give equal initial weights whatever the recipe.
     ``weights``: start from these instead of a fresh initialisation (a plain ``GPT``'s state
-    dict: another run's model, a checkpoint's, or ``hf_to_tutorial_state_dict``'s); they are
-    loaded right after step 1. ``layers`` replaces step 1's factory (not with ``fused``).
+    dict: another run's model or a checkpoint's); they are loaded right after step 1. ``layers`` replaces step 1's factory (not with ``fused``).
     ``parallel``: this process's place in a parallel run (``ParallelDims``). Combinations that
     cannot work raise ``ValueError`` naming the conflict, before anything is built.
     """
     dev = torch.device(device) if device is not None else torch.device("cpu")
     dims = parallel or ParallelDims()
     name = precision if isinstance(precision, str) else precision.name
-    check_composition(name, dims.tp is not None, dims.fsdp)  # what no device could train
+    problem = composition_problem(name, dims.tp is not None, dims.fsdp)
+    if problem is not None:  # what no device could train
+        raise ValueError(f"Not supported: {problem}")
     policy = get_policy(precision, dev)  # raises if this device cannot run the precision
     precision = policy.name
     if layers is not None and fused:
@@ -103,7 +105,8 @@ def build_model(
         model.load_state_dict(weights)
     # 2. tensor parallelism
     if dims.tp is not None:
-        model = dims.tp.apply(model.to(dev), fused=fused)
+        tp = dims.tp
+        model = parallelize(model.to(dev), tp.group, tp.shard_map, fused, tp.sequence_parallel)
     # 3. precision backend
     if policy.prepare_model is not None:
         prepared = policy.prepare_model(model)  # swaps layers in place and returns the model
@@ -116,8 +119,6 @@ def build_model(
     # 4. device, 5. compilation
     model = model.to(dev)
     if compile:
-        if not hasattr(torch, "compile"):
-            raise RuntimeError(f"torch {torch.__version__} has no torch.compile; use torch>=2.6.")
         model.compile()
     # 6. data parallelism (over one rank it would change nothing)
     if dims.dp > 1 and dims.fsdp:

@@ -21,6 +21,8 @@ from .checkpoint.run import RUN_FILE
 from .config import GPTConfig, RunPreset, get_preset
 from .data import load_corpus, make_data, train_split_bytes
 from .hardware import default_device, describe_device, fp8_gemm_status, te_available
+from .parallel.launch import init_from_env
+from .parallel.mesh import check_layout, groups_2d, local_rows
 from .precision import available_policies
 from .runs import parallel_trainer
 from .tokenizer import TOKENIZER_FILE, BPETokenizer, train_bpe
@@ -134,7 +136,7 @@ def bench(args: argparse.Namespace) -> int:
     rungs = ladder_rungs(args.fusion)
     if args.rungs:
         rungs = [rungs[n - 1] for n in _rung_numbers(args.rungs, len(rungs))]
-    device = torch.device(args.device) if args.device else default_device()
+    device = default_device(args.device)
     rows = run_ladder(
         preset,
         device,
@@ -201,29 +203,34 @@ def train(args: argparse.Namespace) -> int:
             f"--dp 1 with {world} processes: each would train alone into the same --out. Drop "
             f"--dp (all {world} processes then train together) or start one process."
         )
-    if args.dp * args.tp > 1:  # one process per (data-parallel, tensor-parallel) rank
+    if (args.sequence_parallel or args.vocab_parallel) and args.tp == 1:
+        raise ValueError(
+            "--sequence-parallel and --vocab-parallel split over the tensor-parallel ranks: "
+            "use them with --tp 2 or more under torchrun."
+        )
+    if args.dp * args.tp > 1:  # torchrun: one process per (data-parallel, tensor-parallel) rank
+        check_layout(args.dp, args.tp, world, model_cfg)
+        local_rows(cfg.batch_size, args.dp, 0)  # a batch that does not split: the error, first
+        cpu = args.device is not None and torch.device(args.device).type == "cpu"
+        joined = init_from_env("gloo" if cpu else None)  # NCCL on GPUs
+        groups = groups_2d(args.dp, args.tp, range(world))
+        assert groups is not None  # every process takes part
         trainer: Trainer = parallel_trainer(
             model_cfg,
             data,
             cfg,
-            args.dp,
-            args.tp,
+            groups,
             args.dp_mode,
+            device=torch.device(args.device) if args.device else joined,
             fused=args.fused,
             compile=args.compile,
-            device=args.device,
             out_dir=args.out,
             seed=args.seed,
             sequence_parallel=args.sequence_parallel,
             vocab_parallel=args.vocab_parallel,
         )
     else:
-        if args.sequence_parallel or args.vocab_parallel:
-            raise ValueError(
-                "--sequence-parallel and --vocab-parallel split over the tensor-parallel ranks: "
-                "use them with --tp 2 or more under torchrun."
-            )
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = default_device(args.device)
         model = build_model(
             model_cfg,
             precision=args.precision,

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from .build import ModelRecipe, recipe_of
 from .checkpoint import CHECKPOINT_FORMAT, checkpoint_name, file_state, load_run, save_run
 from .data import TokenData
-from .hardware import describe_device
+from .hardware import default_device, describe_device
 from .model import GPT
 from .parallel.mesh import ParallelDims, clip_grad_norm_, local_rows, parallel_of
 from .perf import mfu, peak_memory_bytes, phase, reset_peak_memory, synchronize
@@ -65,20 +65,6 @@ class NonFiniteLossError(RuntimeError):
         )
         self.step, self.loss, self.checkpoint = step, loss, checkpoint
         self.grad_norm = grad_norm
-
-
-def _eager(compiled: bool) -> contextlib.AbstractContextManager[None]:
-    """Run a compiled model eagerly: evaluation in eval mode would otherwise compile again."""
-    if compiled:
-        return torch.compiler.set_stance("force_eager")
-    return contextlib.nullcontext()
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
@@ -124,7 +110,7 @@ class Trainer:
         device: torch.device | str | None = None,
         out_dir: str | Path | None = None,
     ) -> None:
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = default_device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(
                 f"Device {self.device} was requested, but this torch ({torch.__version__}) sees "
@@ -255,10 +241,12 @@ class Trainer:
         """Mean validation loss over ``iters`` random batches (default ``cfg.eval_iters``)."""
         self.model.eval()
         losses = []
+        compiled = self.recipe.compile  # runs eagerly here: in eval mode it would compile again
         with self.policy.matmul_settings():
             for _ in range(iters or self.cfg.eval_iters):
                 x, y = self.batch("val")
-                with self.policy.autocast(self.device), _eager(self.recipe.compile):
+                eager = torch.compiler.set_stance("force_eager") if compiled else None
+                with self.policy.autocast(self.device), eager or contextlib.nullcontext():
                     _, loss = self.model(x, y)
                 losses.append(self.parallel.mean_over_dp(loss.detach()).item())
         self.model.train()
@@ -318,6 +306,9 @@ class Trainer:
     def run_state(self) -> dict[str, Any]:
         """Everything a checkpoint holds except the model and the optimizer state: step,
         configs, loss scaler, schedule, RNG, sampler and history."""
+        rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
@@ -326,7 +317,7 @@ class Trainer:
             "model_recipe": dataclasses.asdict(self.recipe),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "schedule": {"step": self.step, "lr": lr_at(self.step, self.cfg)},
-            "rng": _rng_state(),
+            "rng": rng,
             "data": self.data.state_dict(),
             "history": self.history,
         }
@@ -354,17 +345,6 @@ class Trainer:
                 f"{self.recipe.precision!r}: resume with --precision {saved}{hint}."
             )
 
-    def load_run_state(self, state: dict[str, Any]) -> None:
-        """Restore what ``run_state`` saved (the model and optimizer are loaded apart)."""
-        if state["step"] == 0:  # no step taken yet: AdamW creates its state at the first one
-            self.optimizer.state.clear()
-        if self.scaler and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.step = state["step"]
-        self.history = list(state["history"])
-        self.data.load_state_dict(state["data"])
-        _set_rng_state(state["rng"])
-
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint (every rank of a parallel run calls it)."""
         self.last_checkpoint = save_run(path, self.model, self.optimizer, self.run_state())
@@ -373,6 +353,14 @@ class Trainer:
     def resume(self, path: str | Path) -> None:
         """Restore everything from a checkpoint file or directory, written at any layout;
         ``train()`` continues."""
-        run = load_run(path, self.model, self.optimizer, check=self.check_compatible)
-        self.load_run_state(run)
+        state = load_run(path, self.model, self.optimizer, check=self.check_compatible)
+        # then what ``run_state`` saved (load_run restored the model and the optimizer)
+        if state["step"] == 0:  # no step taken yet: AdamW creates its state at the first one
+            self.optimizer.state.clear()
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = state["step"]
+        self.history = list(state["history"])
+        self.data.load_state_dict(state["data"])
+        _set_rng_state(state["rng"])
         self.last_checkpoint = Path(path)

@@ -160,7 +160,10 @@ def load_run(
         optimizer.load_state_dict(keep_implementation(state["optimizer"], optimizer))
         return state
     view, model_sd, optim_sd = _view(model, optimizer, dims)
-    names = param_order(model, optimizer)
+    # parameter names in the optimizer's index order (its groups, in order): the same in every
+    # process and at every layout, so they map the file's optimizer state to names
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    names = [by_id[id(p)] for g in optimizer.param_groups for p in g["params"]]
     saved = state["optimizer"]
     by_name = {  # the file keys the optimizer state by index, the view by parameter name
         "state": {names[int(i)]: s for i, s in saved["state"].items()},
@@ -194,13 +197,6 @@ def _set(
         model_state_dict=model_sd,
         optim_state_dict=keep_implementation(optim_sd, optimizer),
     )
-
-
-def param_order(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """Parameter names in the optimizer's index order (its groups, in order): the same in every
-    process and at every layout, so it maps a file's optimizer state to names."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
 # AdamW's settings that choose a kernel, not the math: a checkpoint written where the fused kernel

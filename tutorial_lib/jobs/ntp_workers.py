@@ -3,9 +3,9 @@
 ``ntp_train_worker`` runs in every process of a DP x nonuniform-TP job (spawned by
 ``launch.spawn``; it lives in the package so that it pickles). Each replica builds its TP model
 with ``parallelize`` from the same full initial model, trains on its slice of the global batch
-with SGD + momentum (elementwise, so it acts on shards exactly as on the full tensors), and syncs
-gradients with ``ntp_allreduce_grads``. ``train_reference`` trains the full model in one
-process on the whole global batch; the two must agree to float32 rounding.
+with SGD + momentum (lr 0.5, momentum 0.9; elementwise, so it acts on shards exactly as on the
+full tensors), and syncs gradients with ``ntp_allreduce_grads``. ``train_reference`` trains the
+full model in one process on the whole global batch; the two must agree to float32 rounding.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from ..data import synthetic_batch
 from ..model import GPT
 from ..parallel.ntp import local_batch, plan_ntp, token_weights
 from ..parallel.ntp_grads import NTPRank, build_ntp_groups, ntp_allreduce_grads, sharded_parameters
-from ..parallel.tp_model import gather_full_state_dict, parallelize
+from ..parallel.tp_model import gather_full, parallelize
 
 __all__ = ["global_batch", "replica_slices", "train_reference", "ntp_train_worker"]
 
 
-def global_batch(cfg: GPTConfig, n: int, step: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def global_batch(cfg: GPTConfig, n: int, step: int) -> tuple[torch.Tensor, ...]:
     """The global batch of ``step``: (n, T) inputs and targets, the same in every process."""
-    return synthetic_batch(n, cfg.block_size, cfg.vocab_size, seed=seed * 10_007 + step)
+    return synthetic_batch(n, cfg.block_size, cfg.vocab_size, seed=step)
 
 
 def replica_slices(batches: Sequence[int]) -> list[slice]:
@@ -37,19 +37,12 @@ def replica_slices(batches: Sequence[int]) -> list[slice]:
     return [slice(s, s + b) for s, b in zip(starts, batches, strict=True)]
 
 
-def _optimizer(params: Any, lr: float, momentum: float) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=lr, momentum=momentum)
+def _optimizer(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.5, momentum=0.9)
 
 
 def train_reference(
-    cfg: GPTConfig,
-    batches: Sequence[int],
-    steps: int,
-    *,
-    seed: int = 0,
-    lr: float = 0.5,
-    momentum: float = 0.9,
-    weights: Sequence[float] | None = None,
+    cfg: GPTConfig, batches: Sequence[int], steps: int, *, weights: Sequence[float] | None = None
 ) -> dict[str, torch.Tensor]:
     """The full model trained in one process on the global batch; its final state dict.
 
@@ -57,11 +50,11 @@ def train_reference(
     ``sum_r weights[r] * (mean loss of replica r's rows)``: ``token_weights(batches)`` gives the
     same thing, ``[1 / n] * n`` the (wrong, for unequal batches) plain average.
     """
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     model = GPT(cfg)
-    opt = _optimizer(model.parameters(), lr, momentum)
+    opt = _optimizer(model.parameters())
     for step in range(steps):
-        idx, tgt = global_batch(cfg, sum(batches), step, seed)
+        idx, tgt = global_batch(cfg, sum(batches), step)
         if weights is None:
             loss = model(idx, tgt)[1]
         else:
@@ -74,22 +67,16 @@ def train_reference(
 
 
 def _train_replica(
-    cfg: GPTConfig,
-    me: NTPRank,
-    batches: Sequence[int],
-    steps: int,
-    seed: int,
-    lr: float,
-    momentum: float,
+    cfg: GPTConfig, me: NTPRank, batches: Sequence[int], steps: int
 ) -> dict[str, Any]:
     """This rank's part of ``steps`` NTP steps; the gathered full state and last gradients."""
-    torch.manual_seed(seed)
-    model = parallelize(GPT(cfg), me.tp_group, me.shard_map, rank=me.tp_rank)
-    opt = _optimizer(model.parameters(), lr, momentum)
+    torch.manual_seed(0)
+    model = parallelize(GPT(cfg), me.tp_group, me.shard_map)
+    opt = _optimizer(model.parameters())
     weight = token_weights(batches)[me.replica]
     rows = replica_slices(batches)[me.replica]
     for step in range(steps):
-        idx, tgt = global_batch(cfg, sum(batches), step, seed)
+        idx, tgt = global_batch(cfg, sum(batches), step)
         loss = model(idx[rows], tgt[rows])[1]
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -101,7 +88,7 @@ def _train_replica(
         for n, p in model.named_parameters()
         if n not in sharded and p.grad is not None
     }
-    full = gather_full_state_dict(model, me.tp_group, me.shard_map)
+    full = gather_full(model.state_dict(), cfg, me.tp_group, me.shard_map)
     return {"state": full if me.tp_rank == 0 else None, "replicated_grads": replicated}
 
 
@@ -115,9 +102,6 @@ def ntp_train_worker(
     batch: int,
     steps: int,
     policies: Sequence[str] = ("keep", "scale"),
-    seed: int = 0,
-    lr: float = 0.5,
-    momentum: float = 0.9,
 ) -> dict[str, Any]:
     """One process of an NTP job, for ``launch.spawn(ntp_train_worker, plan.world_size, cfg,
     ...)``: one process per active GPU of ``plan_ntp(base_tp, n_replicas, failed)``. Trains ``steps`` steps per batch
@@ -130,7 +114,7 @@ def ntp_train_worker(
     out: dict[str, Any] = {"replica": me.replica, "tp_rank": me.tp_rank}
     for policy in policies:
         batches = [local_batch(batch, rep.tp, base_tp, policy) for rep in plan.replicas]
-        result = _train_replica(cfg, me, batches, steps, seed, lr, momentum)
+        result = _train_replica(cfg, me, batches, steps)
         out[policy] = {"batches": batches, **result}
         dist.barrier()
     return out

@@ -39,10 +39,12 @@ WorkerJob = tuple[Sequence[int], Callable[..., Any], tuple[Any, ...]]
 
 def run_jobs(rank: int, world_size: int, jobs: Sequence[WorkerJob]) -> list[Any]:
     """Run ``fn(group, *args)`` for each job ``(ranks, fn, args)`` whose ranks include this one
-    (None for the others). All groups are made first, by every rank in the same order, as
-    ``dist.new_group`` requires; jobs on disjoint ranks then run side by side. A job whose
-    ``fn`` has a ``mesh_tp`` attribute (``dp_workers.mesh_job``) gets the (data-parallel,
-    tensor-parallel, whole-job) groups of a mesh on its ranks instead (``mesh.groups_2d``)."""
+    (None for the others), in turn: every rank waits for each job to end before the next starts,
+    so a job may resume what an earlier one saved. All groups are made first, by every rank in
+    the same order, as ``dist.new_group`` requires. A job whose ``fn`` has a ``mesh_tp``
+    attribute (``dp_workers.dp_train``) gets the (data-parallel, tensor-parallel, whole-job)
+    groups of a ``len(ranks) / tp`` x ``tp`` mesh on its ranks instead (``mesh.groups_2d``;
+    ``tp = fn.mesh_tp(*args)``)."""
     from ..parallel.mesh import groups_2d
 
     groups: list[Any] = []
@@ -53,10 +55,11 @@ def run_jobs(rank: int, world_size: int, jobs: Sequence[WorkerJob]) -> list[Any]
         else:
             tp = mesh_tp(*args)
             groups.append(groups_2d(len(ranks) // tp, tp, ranks))
-    return [
-        fn(group, *args) if rank in ranks else None
-        for (ranks, fn, args), group in zip(jobs, groups, strict=True)
-    ]
+    out = []
+    for (ranks, fn, args), group in zip(jobs, groups, strict=True):
+        out.append(fn(group, *args) if rank in ranks else None)
+        dist.barrier()  # a later job may read what this one wrote
+    return out
 
 
 def tp_forward_backward(

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from ..precision import available_policies
 
-__all__ = ["Cell", "check_composition", "composition_problem", "composition_table"]
+__all__ = ["Cell", "composition_problem", "composition_table"]
 
 
 def composition_problem(precision: str, tp: bool, fsdp: bool) -> str | None:
@@ -56,13 +56,6 @@ def composition_problem(precision: str, tp: bool, fsdp: bool) -> str | None:
             "or our own FP8 precisions (fp8, fp8-current, ...)."
         )
     return None
-
-
-def check_composition(precision: str, tp: bool, fsdp: bool) -> None:
-    """Raise ``composition_problem``'s reason as a ValueError, if there is one."""
-    problem = composition_problem(precision, tp, fsdp)
-    if problem is not None:
-        raise ValueError(f"Not supported: {problem}")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@
            the whole model: every rank keeps 1/dp of each parameter (a ``DTensor`` sharded on
            dim 0), of its gradient and of its optimizer state. A block's parameters are
            all-gathered just before its forward (and again before its backward, since
-           ``reshard_after_forward=True`` frees them after the forward), and its gradients are
+           ``fully_shard`` frees them after the forward by default), and its gradients are
            reduce-scattered (averaged) as soon as its backward is done.
 
 Both keep the module a ``GPT`` with the same parameter names, so ``build_model`` applies them
@@ -46,11 +46,7 @@ __all__ = [
 
 
 def shard_with_fsdp(
-    model: GPT,
-    group: Group,
-    device: torch.device,
-    param_dtype: torch.dtype | None = None,
-    reshard_after_forward: bool = True,
+    model: GPT, group: Group, device: torch.device, param_dtype: torch.dtype | None = None
 ) -> GPT:
     """FSDP2 on ``model`` in place: each block, then the root (embeddings, final LayerNorm,
     head), over a one-dimensional mesh of ``group``'s ranks."""
@@ -60,8 +56,8 @@ def shard_with_fsdp(
     mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=("dp",))
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 

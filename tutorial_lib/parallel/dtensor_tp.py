@@ -13,12 +13,9 @@ Q, then all of K, then all of V. ``Shard(0)`` cuts rows into contiguous blocks, 
 rank 0 all of Q and half of K. ``regroup_qkv`` reorders the rows to [Q_0 K_0 V_0 | Q_1 K_1 V_1 |
 ...] (rank r's heads together), the layout Megatron stores, so each rank's block is its heads'
 Q, K and V and the attention code runs unchanged on the local tensor (``use_local_output``).
-``ungroup_qkv`` is the inverse, for comparing with or saving as the plain model.
 
-2D, as torchtitan composes them: ``dtensor_fsdp_losses`` puts DTensor TP on the ``tp``
-dimension of a (dp, tp) ``DeviceMesh`` and FSDP2 (``fully_shard``) on its ``dp`` dimension, so
-each parameter is a DTensor sharded over both; ``sgd_losses`` is the same training in one
-process, which it must reproduce.
+2D, as torchtitan composes them (DTensor TP on the ``tp`` dimension of a (dp, tp)
+``DeviceMesh``, FSDP2 on its ``dp`` dimension), is a test: ``tests/spawn_workers.py``.
 """
 
 from __future__ import annotations
@@ -30,14 +27,7 @@ from torch import nn
 
 from ..model import GPT
 
-__all__ = [
-    "compare_with_megatron",
-    "dtensor_fsdp_losses",
-    "dtensor_parallelize",
-    "regroup_qkv",
-    "sgd_losses",
-    "ungroup_qkv",
-]
+__all__ = ["compare_with_megatron", "dtensor_parallelize", "regroup_qkv"]
 
 
 def _qkv_order(n_embd: int, n_head: int, tp: int) -> torch.Tensor:
@@ -50,14 +40,6 @@ def _qkv_order(n_embd: int, n_head: int, tp: int) -> torch.Tensor:
 def regroup_qkv(t: torch.Tensor, n_head: int, tp: int) -> torch.Tensor:
     """A full ``attn.qkv`` weight (3C, C) or bias (3C,) in the per-rank order."""
     return t.index_select(0, _qkv_order(t.shape[0] // 3, n_head, tp).to(t.device))
-
-
-def ungroup_qkv(t: torch.Tensor, n_head: int, tp: int) -> torch.Tensor:
-    """The inverse of ``regroup_qkv``: back to [all Q, all K, all V]."""
-    order = _qkv_order(t.shape[0] // 3, n_head, tp).to(t.device)
-    out = torch.empty_like(t)
-    out[order] = t
-    return out
 
 
 def dtensor_parallelize(
@@ -132,11 +114,10 @@ def compare_with_megatron(
     group: torch.distributed.ProcessGroup,
     cfg: object,
     steps: int = 3,
-    lr: float = 0.1,
     sequence_parallel: bool = False,
 ) -> dict[str, list[float]]:
     """Our Megatron layers (``parallel.tp_model``) and DTensor's, from the same seeded GPT on the same
-    batches, ``steps`` plain SGD steps each: per step both losses and the largest difference
+    batches, ``steps`` plain SGD steps (lr 0.1) each: per step both losses and the largest difference
     between any two local gradients (the shards hold the same rows in the same order); with
     ``sequence_parallel``, both sequence-parallel. For a spawned worker (``workers.run_jobs``)."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -172,42 +153,11 @@ def compare_with_megatron(
             with torch.no_grad():
                 for p in model.parameters():
                     if p.grad is not None:
-                        p.sub_(lr * p.grad)
+                        p.sub_(0.1 * p.grad)
         out["grad_diff"].append(
             max(float((grads[0][n] - grads[1][n]).abs().max()) for n in grads[0])
         )
     return out
-
-
-def _sgd_batches(cfg: object, steps: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    from ..config import GPTConfig
-
-    assert isinstance(cfg, GPTConfig)
-    gen = torch.Generator().manual_seed(1)
-    shape = (batch, cfg.block_size)
-    return [
-        (
-            torch.randint(0, cfg.vocab_size, shape, generator=gen),
-            torch.randint(0, cfg.vocab_size, shape, generator=gen),
-        )
-        for _ in range(steps)
-    ]
-
-
-def sgd_losses(cfg: object, steps: int = 3, lr: float = 0.1, batch: int = 4) -> list[float]:
-    """One process: ``steps`` plain SGD steps of the seeded GPT on ``_sgd_batches``; the losses."""
-    torch.manual_seed(0)
-    model = GPT(cfg)  # type: ignore[arg-type]
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = []
-    for x, y in _sgd_batches(cfg, steps, batch):
-        _, loss = model(x, y)
-        assert loss is not None
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
 
 
 def _local_grad(grad: torch.Tensor) -> torch.Tensor:
@@ -221,51 +171,3 @@ def _local_grad(grad: torch.Tensor) -> torch.Tensor:
         return grad
     placements = [Replicate() if p.is_partial() else p for p in grad.placements]
     return grad.redistribute(placements=placements).to_local()
-
-
-def dtensor_fsdp_losses(
-    groups: tuple[torch.distributed.ProcessGroup, ...],
-    cfg: object,
-    steps: int = 3,
-    lr: float = 0.1,
-    batch: int = 4,
-) -> list[float]:
-    """dp x tp on the job's processes: DTensor TP (``dtensor_parallelize``) over the ``tp``
-    dimension of a 2D ``DeviceMesh``, FSDP2 over its ``dp`` dimension, each data-parallel rank
-    on its rows of the global batch; the same SGD steps as ``sgd_losses``, whose losses (the
-    mean over the data-parallel ranks) it returns. ``groups``: (data-parallel, tensor-parallel,
-    whole job), as ``workers.run_jobs`` hands a job with ``mesh_tp``."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-
-    dp_group, tp_group, job = groups
-    ranks = dist.get_process_group_ranks(job)
-    tp = dist.get_world_size(tp_group)
-    dp = len(ranks) // tp
-    mesh = DeviceMesh.from_group(
-        [dp_group, tp_group], "cpu", mesh=torch.tensor(ranks).view(dp, tp),
-        mesh_dim_names=("dp", "tp"),
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = dtensor_parallelize(GPT(cfg), mesh["tp"])  # type: ignore[arg-type]
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    d = dist.get_rank(dp_group)
-    rows = slice(d * batch // dp, (d + 1) * batch // dp)
-    losses = []
-    for x, y in _sgd_batches(cfg, steps, batch):
-        _, loss = model(x[rows], y[rows])
-        assert loss is not None
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        total = loss.detach().clone()
-        dist.all_reduce(total, group=dp_group)
-        losses.append(float(total) / dp)
-    return losses
-
-
-dtensor_fsdp_losses.mesh_tp = lambda *args: 2  # type: ignore[attr-defined]  # run_jobs: tp 2

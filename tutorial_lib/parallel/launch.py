@@ -6,7 +6,7 @@
   workers live in ``jobs.workers``. Without CUDA the ranks fork from a forkserver that has
   imported torch once; with CUDA they start as fresh interpreters (``_context``).
 - ``init_from_env()`` joins the process group that ``torchrun`` describes in RANK, WORLD_SIZE
-  and LOCAL_RANK (NCCL on GPUs, gloo on CPUs).
+  and LOCAL_RANK (NCCL on GPUs, gloo on CPUs) and returns this process's device.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,14 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = [
-    "SpawnError",
-    "spawn",
-    "free_port",
-    "DistEnv",
-    "init_from_env",
-    "join_torchrun",
-]
+__all__ = ["SpawnError", "spawn", "init_from_env"]
 
 
 class SpawnError(RuntimeError):
@@ -45,13 +37,6 @@ class SpawnError(RuntimeError):
     def __init__(self, rank: int, tb: str, note: str = "") -> None:
         super().__init__(f"Rank {rank} failed{note}:\n{tb}")
         self.rank, self.traceback = rank, tb
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _loopback_interface() -> str | None:
@@ -83,7 +68,6 @@ def _run_rank(
     rank: int,
     world_size: int,
     port: int,
-    backend: str,
     out_dir: str,
     timeout_s: float,
     env: dict[str, str],
@@ -99,12 +83,12 @@ def _run_rank(
     sys.path[:] = path
     torch.set_num_threads(1)  # a few cores shared by all ranks: no intra-op threads
     loopback = _loopback_interface()
-    if backend == "gloo" and loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+    if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
         os.environ["GLOO_SOCKET_IFNAME"] = loopback  # gloo's connections stay on 127.0.0.1 too
     failed_at = time.time()
     try:
         dist.init_process_group(
-            backend,
+            "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
@@ -145,13 +129,12 @@ def spawn(
     fn: Callable[..., Any],
     world_size: int,
     *args: Any,
-    backend: str = "gloo",
     timeout_s: float = 120.0,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes; their results by rank
     (started as ``_context`` says: forked from a warm forkserver on a machine without CUDA).
 
-        Each process joins one process group (``backend``, over a free port on 127.0.0.1) with one
+        Each process joins one gloo process group (over a free port on 127.0.0.1) with one
         intra-op thread, and always leaves it. If a rank raises, the others are stopped and
         ``SpawnError`` carries that rank and its traceback; past ``timeout_s`` (start-up included)
         every rank is stopped and ``TimeoutError`` names the ranks that had not finished.
@@ -162,13 +145,15 @@ def spawn(
     ctx = _context()
     caller = (dict(os.environ), os.getcwd(), list(sys.path))
     with tempfile.TemporaryDirectory(prefix="tutorial_lib_spawn_") as tmp:
-        port = free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # free now: the OS picks
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
         procs = [
             ctx.Process(
                 target=_run_rank,
                 name=f"rank{r}",
                 daemon=True,
-                args=(job, r, world_size, port, backend, tmp, timeout_s, *caller),
+                args=(job, r, world_size, port, tmp, timeout_s, *caller),
             )
             for r in range(world_size)
         ]
@@ -243,19 +228,9 @@ def _collect(procs: list[Any], out: Path, unfinished: list[int], timeout_s: floa
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-@dataclass(frozen=True)
-class DistEnv:
-    """Where this process sits: global rank, world size, rank on this node, device, backend."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    backend: str
-
-
-def init_from_env(backend: str | None = None) -> DistEnv:
-    """Join the process group described by torchrun's RANK, WORLD_SIZE and LOCAL_RANK.
+def init_from_env(backend: str | None = None) -> torch.device:
+    """Join the process group described by torchrun's RANK, WORLD_SIZE and LOCAL_RANK; return
+    this process's device.
 
     The backend defaults to NCCL when CUDA is available (and each process then uses GPU
     LOCAL_RANK), else gloo. The group is destroyed at interpreter exit.
@@ -282,18 +257,4 @@ def init_from_env(backend: str | None = None) -> DistEnv:
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world)
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
-    return DistEnv(rank, world, local_rank, device, backend)
-
-
-def join_torchrun(flag: str, n: int, device: str | None) -> DistEnv:
-    """For ``train {flag} n`` under torchrun: check that torchrun started ``n`` processes, then
-    join their group (gloo when ``device`` is the CPU, else ``init_from_env``'s choice)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != n:
-        raise ValueError(
-            f"{flag} {n} needs {n} processes, but WORLD_SIZE is {world}: run "
-            f"python -m torch.distributed.run --nproc-per-node {n} -m tutorial_lib train "
-            f"{flag} {n} ..."
-        )
-    cpu = device is not None and torch.device(device).type == "cpu"
-    return init_from_env("gloo" if cpu else None)
+    return device

@@ -4,10 +4,10 @@ mesh, tensor parallelism over the other, as torchtitan and Megatron lay them out
     rank = d * tp + t        d: the data-parallel index (which replica), t: the TP index
 
 TP is the inner dimension: the t ranks of one replica are neighbours (on a GPU node, the GPUs an
-NVLink switch joins), because TP talks at every layer and DP once per step. ``mesh_groups``
-builds the mesh with ``init_device_mesh`` (under torchrun, every process in it) and returns this
-rank's two process groups; ``groups_2d`` does the same with ``dist.new_group`` for a job on some
-of the processes (the tests run several layouts in one spawn), plus a group of the whole job.
+NVLink switch joins), because TP talks at every layer and DP once per step. ``groups_2d`` makes
+the mesh's process groups with ``dist.new_group``, over every process (torchrun) or some of them
+(the tests run several layouts in one spawn), and returns this rank's data-parallel and
+tensor-parallel groups and a group of the whole job.
 
 ``ParallelDims`` is the layout one process takes part in: ``build_model(parallel=...)`` applies
 it (TP, then FSDP2 or DDP) and the ``Trainer`` reads from it the three things a step needs to
@@ -36,7 +36,6 @@ __all__ = [
     "clip_grad_norm_",
     "groups_2d",
     "local_rows",
-    "mesh_groups",
     "parallel_of",
 ]
 
@@ -80,9 +79,7 @@ class ParallelDims:
 
     @property
     def tp_rank(self) -> int:
-        if self.tp is None:
-            return 0
-        return self.tp.rank if self.tp.rank is not None else group_rank(self.tp.group)
+        return 0 if self.tp is None else group_rank(self.tp.group)
 
     @property
     def world(self) -> int:
@@ -199,16 +196,6 @@ def check_layout(dp: int, tp: int, world: int, cfg: GPTConfig | None = None) -> 
             f"--tp {tp} needs at least one attention head per rank, but the model has "
             f"{cfg.n_head}: choose --tp <= {cfg.n_head}."
         )
-
-
-def mesh_groups(dp: int, tp: int, device_type: str) -> tuple[Group, Group]:
-    """This rank's (data-parallel, tensor-parallel) groups of a ("dp", "tp") mesh over every
-    process (``init_device_mesh``)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    check_layout(dp, tp, dist.get_world_size())
-    mesh = init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
-    return mesh.get_group("dp"), mesh.get_group("tp")
 
 
 def groups_2d(dp: int, tp: int, ranks: Sequence[int]) -> tuple[Group, Group, Group] | None:

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..config import GPTConfig
 from .ntp import NTPPlan, degraded_shard_map, reshard_routes
-from .shard import ShardMap, UnitSpec, join_units, split_by_unit, unit_specs
+from .shard import ShardMap, UnitSpec, join_units, param_spec, rank_units, split_by_unit, unit_specs
 
 __all__ = [
     "NTPRank",
@@ -106,20 +106,11 @@ def sharded_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter, UnitSp
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"Expected a GPT (with a GPTConfig .config), got {type(model).__name__}.")
     specs = unit_specs(cfg)
-    out = []
-    for name, p in model.named_parameters():
-        parts = name.split(".", 2)  # blocks, i, attn.qkv.weight
-        if parts[0] == "blocks" and len(parts) == 3 and parts[2] in specs:
-            out.append((name, p, specs[parts[2]]))
-    return out
+    return [(n, p, s) for n, p in model.named_parameters() if (s := param_spec(n, specs))]
 
 
 Pieces = dict[str, dict[int, torch.Tensor]]  # parameter name -> unit -> gradient piece
 Units = dict[str, tuple[int, ...]]  # axis -> units
-
-
-def _units(shard_map: ShardMap, spec: UnitSpec, rank: int) -> tuple[int, ...]:
-    return getattr(shard_map, spec.axis)[rank]
 
 
 def _peers(me: NTPRank) -> dict[int, Units]:
@@ -179,14 +170,16 @@ def reshard_to_core(model: nn.Module, me: NTPRank) -> dict[str, torch.Tensor]:
     """
     sharded, peers = sharded_parameters(model), _peers(me)
     mine = {
-        n: split_by_unit(_grad(p), s, _units(me.healthy_map, s, me.tp_rank)) for n, p, s in sharded
+        n: split_by_unit(_grad(p), s, rank_units(me.healthy_map, s, me.tp_rank)[0])
+        for n, p, s in sharded
     }
     if me.is_extra:
         _send(me, sharded, peers, mine)
         return {}
     _receive(me, sharded, peers, mine)
     return {
-        n: join_units(mine[n], s, _units(me.degraded_map, s, me.tp_rank)) for n, _, s in sharded
+        n: join_units(mine[n], s, rank_units(me.degraded_map, s, me.tp_rank)[0])
+        for n, _, s in sharded
     }
 
 
@@ -199,12 +192,14 @@ def reshard_from_core(model: nn.Module, reduced: Mapping[str, torch.Tensor], me:
         _receive(me, sharded, peers, pieces)
     else:
         pieces = {
-            n: split_by_unit(reduced[n], s, _units(me.degraded_map, s, me.tp_rank))
+            n: split_by_unit(reduced[n], s, rank_units(me.degraded_map, s, me.tp_rank)[0])
             for n, _, s in sharded
         }
         _send(me, sharded, peers, pieces)
     for name, p, spec in sharded:
-        _grad(p).copy_(join_units(pieces[name], spec, _units(me.healthy_map, spec, me.tp_rank)))
+        _grad(p).copy_(
+            join_units(pieces[name], spec, rank_units(me.healthy_map, spec, me.tp_rank)[0])
+        )
 
 
 def _flat_collective(tensors: list[torch.Tensor], op: Callable[[torch.Tensor], object]) -> None:

@@ -19,7 +19,6 @@ least one head and one hidden unit. The errors name the problem and the fix.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -125,18 +124,17 @@ class ShardMap:
                 "least one attention head. Use a smaller TP degree or a model with more heads."
             )
         ffn = 4 * cfg.n_embd
-        shard_map = cls(split_evenly(cfg.n_head, tp), split_evenly(ffn, tp), cfg.n_head, ffn)
-        return shard_map.with_vocab(cfg) if vocab_parallel else shard_map
-
-    def with_vocab(self, cfg: GPTConfig) -> ShardMap:
-        """This map with the vocabulary split too, in contiguous blocks as even as possible."""
-        vocab = split_evenly(cfg.vocab_size, self.tp)
-        return dataclasses.replace(self, vocab=vocab, vocab_size=cfg.vocab_size)
+        heads, ffn_units = split_evenly(cfg.n_head, tp), split_evenly(ffn, tp)
+        vocab = split_evenly(cfg.vocab_size, tp) if vocab_parallel else None
+        return cls(heads, ffn_units, cfg.n_head, ffn, vocab, cfg.vocab_size if vocab else 0)
 
     def vocab_range(self, rank: int) -> tuple[int, int]:
         """The token ids [start, end) whose rows rank ``rank`` holds (vocabulary-parallel)."""
         if self.vocab is None:
-            raise ValueError("This shard map does not split the vocabulary (ShardMap.with_vocab).")
+            raise ValueError(
+                "This shard map does not split the vocabulary (ShardMap.even(..., "
+                "vocab_parallel=True))."
+            )
         rows = self.vocab[rank]
         return rows[0], rows[-1] + 1
 
@@ -152,7 +150,8 @@ class ShardMap:
         if self.vocab is not None and self.vocab_size != cfg.vocab_size:
             raise ValueError(
                 f"This shard map splits a vocabulary of {self.vocab_size}, the model has "
-                f"{cfg.vocab_size}; build it from the same GPTConfig (ShardMap.with_vocab(cfg))."
+                f"{cfg.vocab_size}; build it from the same GPTConfig (ShardMap.even(cfg, tp, "
+                "vocab_parallel=True))."
             )
         if (self.n_head, self.ffn_size) != (cfg.n_head, 4 * cfg.n_embd):
             raise ValueError(
@@ -166,10 +165,6 @@ class ShardMap:
 
     def ffn_counts(self) -> list[int]:
         return [len(f) for f in self.ffn]
-
-    def is_even(self) -> bool:
-        """True when every rank owns the same number of heads and of FFN columns."""
-        return len(set(self.head_counts())) == 1 and len(set(self.ffn_counts())) == 1
 
 
 def _check_cover(axis: str, units: Units, total: int) -> None:

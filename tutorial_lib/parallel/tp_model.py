@@ -16,7 +16,7 @@ Which rows or columns a rank owns comes from a ``ShardMap`` (``shard.py``); the 
 Dropout is not supported under TP: it would need Megatron's per-rank RNG tracker.
 
 What composes with it: ``fused=True`` keeps the Triton LayerNorm, residual-add-LayerNorm, GELU and
-loss kernels around the parallel layers (``tp_layers``; the MLP keeps ``fc``'s bias in its GEMM,
+loss kernels around the parallel layers (``parallelize``; the MLP keeps ``fc``'s bias in its GEMM,
 since the column-parallel layer must run its own forward); an FP8 precision swaps each parallel
 layer for its FP8 variant (``to_fp8``, ``parallel.tp_fp8``) after the split; ``torch.compile``
 compiles the model with the collectives inside the autograd Functions of ``comm``.
@@ -25,7 +25,7 @@ again; checkpoints do not need either (``checkpoint``: each rank writes its piec
 tensors, and a run resumes at any TP degree).
 
 This module holds the model transform: the ``TPLayers`` factory (with its sequence-parallel
-LayerNorm and its Triton variant, ``tp_layers``), ``TPGPT``, ``parallelize`` and ``TPSpec``,
+LayerNorm and its Triton variant), ``TPGPT``, ``parallelize`` and ``TPSpec``,
 and ``shard_state_dict`` and ``gather_full``. The f and g operators are ``comm``'s, the column- and
 row-parallel layers ``tp_linear``'s.
 """
@@ -36,7 +36,6 @@ import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -59,16 +58,13 @@ __all__ = [
     "check_tp_setup",
     "shard_state_dict",
     "gather_full",
-    "gather_full_state_dict",
     "parallelize",
-    "tp_layers",
 ]
 
 COLUMN_ROLES = ("attn.qkv", "mlp.fc")  # output features split: weight rows, bias
-ROW_ROLES = ("attn.proj", "mlp.proj")  # input features split: weight columns; bias replicated
 
 
-def check_tp_setup(cfg: GPTConfig, group: Group, shard_map: ShardMap, rank: int | None) -> int:
+def check_tp_setup(cfg: GPTConfig, group: Group, shard_map: ShardMap) -> int:
     """Validate a TP setup and return this process's TP rank (raises ``ValueError``)."""
     shard_map.check_model(cfg)
     if cfg.dropout > 0 and shard_map.tp > 1:
@@ -84,21 +80,13 @@ def check_tp_setup(cfg: GPTConfig, group: Group, shard_map: ShardMap, rank: int 
             f"The process group {what} but the shard map {shard_map.tp}; build the map for the "
             f"group's size (ShardMap.even(cfg, {n})) or pass a group with {shard_map.tp} ranks."
         )
-    if rank is None:
-        rank = group_rank(group)
-    if not 0 <= rank < shard_map.tp:
-        raise ValueError(f"TP rank {rank} is out of range for TP degree {shard_map.tp}.")
-    if group is not None and rank != group_rank(group):
-        raise ValueError(
-            f"rank={rank} was given, but this process is rank {group_rank(group)} of the group; "
-            "leave rank=None to use the group's."
-        )
-    return rank
+    return group_rank(group)
 
 
 class TPLayers(TorchLayers):
     """Layer factory: column-parallel ``attn.qkv``/``mlp.fc``, row-parallel ``attn.proj``/
-    ``mlp.proj``, all cut by ``shard_map`` for ``rank``; LayerNorm, GELU and loss as TorchLayers.
+    ``mlp.proj``, all cut by ``shard_map`` for this process's rank in ``group``; LayerNorm, GELU
+    and loss as TorchLayers.
 
     Every Block uses the same map, so the factory needs no per-block state.
     """
@@ -108,10 +96,9 @@ class TPLayers(TorchLayers):
         cfg: GPTConfig,
         group: Group,
         shard_map: ShardMap,
-        rank: int | None = None,
         sequence_parallel: bool = False,
     ) -> None:
-        self.rank = check_tp_setup(cfg, group, shard_map, rank)
+        self.rank = check_tp_setup(cfg, group, shard_map)
         self.cfg, self.group, self.shard_map = cfg, group, shard_map
         self.sequence_parallel = sequence_parallel
         self.specs = unit_specs(cfg)
@@ -186,20 +173,6 @@ def _fused_tp_layers() -> type[TPLayers]:
             return norm
 
     return FusedTPLayers
-
-
-def tp_layers(
-    cfg: GPTConfig,
-    group: Group,
-    shard_map: ShardMap,
-    rank: int | None = None,
-    fused: bool = False,
-    sequence_parallel: bool = False,
-) -> TPLayers:
-    """The layer factory of a tensor-parallel model: ``TPLayers``, or with ``fused`` the same
-    parallel Linear layers among the Triton kernels of ``kernels.TritonLayers``."""
-    cls = _fused_tp_layers() if fused else TPLayers
-    return cls(cfg, group, shard_map, rank, sequence_parallel)
 
 
 class TPGPT(GPT):
@@ -296,7 +269,7 @@ def gather_full(
     padded all-gather, each rank in turn packs all its shards into one flat buffer and
     broadcasts it (t broadcasts in all); everyone knows every buffer's layout from the map.
     """
-    rank = check_tp_setup(cfg, group, shard_map, None)
+    rank = check_tp_setup(cfg, group, shard_map)
     specs = unit_specs(cfg)
     sharded = {
         n: (t, s) for n, t in tensors.items() if (s := param_spec(n, specs, shard_map)) is not None
@@ -333,29 +306,23 @@ def gather_full(
     return {n: out[n] for n in tensors}  # keep the input's order
 
 
-def gather_full_state_dict(tp_model: GPT, group: Group, shard_map: ShardMap) -> dict[str, Any]:
-    """The full (single-process) state dict of a tensor-parallel model, on every rank."""
-    return gather_full(tp_model.state_dict(), tp_model.config, group, shard_map)
-
-
 def parallelize(
     model: GPT,
     group: Group,
     shard_map: ShardMap,
-    rank: int | None = None,
     fused: bool = False,
     sequence_parallel: bool = False,
 ) -> GPT:
     """A tensor-parallel copy of ``model`` holding this rank's shards (on the model's device), a
-    ``TPGPT``; ``fused``: with the Triton kernels around the parallel layers (``tp_layers``);
-    ``sequence_parallel``: the blocks' LayerNorms and residuals on sequence slices; a map that
-    splits the vocabulary (``ShardMap.with_vocab``) makes the embedding, head and loss
-    vocabulary-parallel.
+    ``TPGPT`` built by ``TPLayers``; ``fused``: the same parallel Linear layers among the Triton
+    kernels of ``kernels.TritonLayers``; ``sequence_parallel``: the blocks' LayerNorms and
+    residuals on sequence slices; a map that splits the vocabulary (``ShardMap.even(...,
+    vocab_parallel=True)``) makes the embedding, head and loss vocabulary-parallel.
 
     Every rank must pass the same full weights (same seed, or a loaded checkpoint).
     """
     cfg = model.config
-    layers = tp_layers(cfg, group, shard_map, rank, fused, sequence_parallel)
+    layers = (_fused_tp_layers() if fused else TPLayers)(cfg, group, shard_map, sequence_parallel)
     tp_model = TPGPT(cfg, layers).to(model.tok_emb.weight.device)
     tp_model.load_state_dict(shard_state_dict(model.state_dict(), cfg, shard_map, layers.rank))
     return tp_model
@@ -363,18 +330,13 @@ def parallelize(
 
 @dataclass(frozen=True)
 class TPSpec:
-    """Tensor parallelism for ``build_model(..., tp=TPSpec(group, shard_map))`` (its step 3)."""
+    """Tensor parallelism for ``build_model(..., parallel=ParallelDims(tp=TPSpec(group,
+    shard_map)))``, which applies it with ``parallelize`` (its step 2)."""
 
     group: Group
     shard_map: ShardMap
-    rank: int | None = None  # the rank within ``group``; None: ask the group
     sequence_parallel: bool = False
 
     @property
     def degree(self) -> int:
         return self.shard_map.tp
-
-    def apply(self, model: GPT, fused: bool = False) -> GPT:
-        """This rank's tensor-parallel copy of the full ``model`` (``parallelize``)."""
-        sp = self.sequence_parallel
-        return parallelize(model, self.group, self.shard_map, self.rank, fused, sp)
