@@ -13,7 +13,7 @@ starting from the same weights (the references are loaded from ours: ``reference
 ``check_equivalence`` runs first). Models:
 
 - ``ours``: ``tutorial_lib.model.GPT`` with the default ``TorchLayers`` (tanh GELU);
-- ``ours-erf``: the same with ``TorchLayers(gelu="none")``, the exact GELU;
+- ``ours-erf``: the same with the exact GELU (``reference_gpt.with_exact_gelu``);
 - ``ref-tanh``: ``ReferenceGPT(gelu="tanh")``, the same function: equal work;
 - ``ref-erf``: ``ReferenceGPT(gelu="erf")``, the exact GELU many minimal GPTs use.
 
@@ -41,6 +41,7 @@ measures the other load (``--threads 1`` suffers less from it than OpenMP over b
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import itertools
 import os
@@ -56,7 +57,6 @@ from torch import nn
 
 from tutorial_lib.bench import environment_stamp, write_and_print
 from tutorial_lib.config import GPTConfig
-from tutorial_lib.layers import TorchLayers
 from tutorial_lib.model import GPT
 from tutorial_lib.perf import synchronize
 
@@ -137,9 +137,7 @@ def build_models(
         if name == "ours":
             models[name] = ours
         elif name == "ours-erf":
-            erf = GPT(cfg, TorchLayers(gelu="none"))
-            erf.load_state_dict(ours.state_dict())
-            models[name] = erf
+            models[name] = ref.with_exact_gelu(copy.deepcopy(ours))
         else:
             models[name] = ref.ReferenceGPT(cfg, gelu=name.removeprefix("ref-")).load_from(ours)
     return {name: m.to(device).float().train() for name, m in models.items()}

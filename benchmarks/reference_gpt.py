@@ -144,6 +144,14 @@ class EquivalenceError(AssertionError):
     """Our GPT and the reference disagree: the timing comparison would not be of equal work."""
 
 
+def with_exact_gelu(model: nn.Module) -> nn.Module:
+    """Our GPT ``model`` with each MLP's GELU replaced, in place, by the exact (erf) one,
+    ``nn.GELU()``: like for like with ``ReferenceGPT(gelu="erf")``."""
+    for block in model.blocks:
+        block.mlp.act = nn.GELU()
+    return model
+
+
 def check_equivalence(
     cfg: Any = None,
     batch: int = 4,
@@ -156,22 +164,23 @@ def check_equivalence(
     """Build ``tutorial_lib.model.GPT(cfg)`` (default: the ``tiny`` size), give it random weights
     of order one (GPT-2's init keeps the GELU inputs so small that tanh and erf GELU give the same
     loss to 7 digits, which would hide a different function), copy them into a ``ReferenceGPT``
-    (``gelu``), and run both on the same random batch in float32. ``ours_gelu="none"`` builds
-    ours with the exact GELU (``TorchLayers(gelu="none")``), to compare with ``gelu="erf"``.
+    (``gelu``), and run both on the same random batch in float32. ``ours_gelu="none"`` gives
+    ours the exact GELU (``with_exact_gelu``), to compare with ``gelu="erf"``.
 
     Raises ``EquivalenceError`` if the parameter shapes, the losses, the logits or any gradient
     differ beyond (``rtol``, ``atol``); returns our loss. ``gelu="erf"`` must raise: the exact
     GELU is a different function (a check that this check can fail).
     """
     from tutorial_lib.config import GPTConfig
-    from tutorial_lib.layers import TorchLayers
     from tutorial_lib.model import GPT
 
     cfg = cfg if cfg is not None else GPTConfig.from_name("tiny")
     seq = seq or cfg.block_size
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    ours = GPT(cfg, TorchLayers(gelu=ours_gelu)).float().train()
+    ours = GPT(cfg).float().train()
+    if ours_gelu == "none":
+        with_exact_gelu(ours)
     with torch.no_grad():
         for name, p in ours.named_parameters():
             gain = name.endswith("weight") and p.dim() == 1  # LayerNorm gains around 1

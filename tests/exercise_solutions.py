@@ -2,10 +2,11 @@
 
 Each solution is a section that starts with a ``# Exercise N.1`` line; ``solution_source("N.1")``
 returns that section's text (for a notebook's hidden answer) and ``solution("N.1")`` the
-function, which ``tests/test_exercise_checks.py`` passes through ``check``. Lines stay under 80
-characters: they are shown in a notebook. Each section runs with only its stub's imports (a
-test checks), so it may leave an argument unannotated where the stub does (mypy allows that in
-this module only).
+function, which ``test_exercise_checks.py`` passes through ``check``. Each chapter's solution
+cell in ``book/exercises/`` shows its section (a test checks they are the same), so the
+answers live here, with the tests, and not in the package the reader imports. Lines stay under
+80 characters: they are shown in a notebook. Each section runs with only its stub's imports (a
+test checks), so it may leave an argument unannotated where the stub does.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..kernels.runtime import tl, triton
+from tutorial_lib.kernels.runtime import tl, triton
 
 __all__ = ["solution", "solution_source"]
 

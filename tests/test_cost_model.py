@@ -321,7 +321,7 @@ def test_presets_carry_sources_and_gb200_matches_the_rack_totals() -> None:
     assert 72 * 2 * GB200.peak("bf16") == pytest.approx(360e15)
     assert 72 * 2 * GB200.peak("fp8") == pytest.approx(720e15)
     assert 72 * GB200.hbm_bandwidth == pytest.approx(576e12)
-    assert 72 * 2 * GB200.nvlink_bandwidth == pytest.approx(130e12, rel=0.01)
+    assert 72 * 2 * CLUSTERS["GB200 NVL72"].nvlink_bandwidth == pytest.approx(130e12, rel=0.01)
 
 
 # ---- validation: Narayanan et al. 2021, Table 1 ------------------------------------------

@@ -264,17 +264,6 @@ def test_state_dict_is_a_snapshot(tmp_path: Path) -> None:
     assert torch.equal(data.get_batch("train", 4)[0], first)
 
 
-def test_batches_iterator_matches_get_batch(tmp_path: Path) -> None:
-    path, _ = _stream_file(tmp_path)
-    a = make_data(block_size=16, path=path, seed=5)
-    b = make_data(block_size=16, path=path, seed=5)
-    it = a.batches("val", 3)
-    for _ in range(3):
-        xa, ya = next(it)
-        xb, yb = b.get_batch("val", 3)
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
-
-
 @pytest.mark.parametrize("split", ["test", "Train", "validation", ""])
 def test_bad_split_name_raises(tmp_path: Path, split: str) -> None:
     path, _ = _stream_file(tmp_path)

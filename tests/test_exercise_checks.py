@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from exercise_solutions import solution, solution_source
 from torch import nn
 
 from tutorial_lib import exercises
@@ -25,8 +26,6 @@ from tutorial_lib.exercises import (
     ch03,
     check,
     checker,
-    solution,
-    solution_source,
     stub,
 )
 from tutorial_lib.kernels.runtime import tl, triton, triton_status

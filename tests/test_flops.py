@@ -12,7 +12,7 @@ from tutorial_lib.cluster import ModelSpec, training_flops
 from tutorial_lib.cluster.tp_traffic import tp_layer_flops
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.model import GPT, flops_breakdown
-from tutorial_lib.perf import count_flops, model_ops, train_step_flops
+from tutorial_lib.perf import flops_by_op, model_ops, train_step_flops
 
 # Odd sizes first: nothing a power of two (vocab 97, context 37, 5 heads of 8), then 7 heads of 3
 # and a single layer, then GPT-2 124M itself.
@@ -80,7 +80,7 @@ def test_a_measured_training_step_equals_the_formula(cfg: GPTConfig) -> None:
 
     # The default (flash) kernel's backward recomputes Q K^T: hardware FLOPs, not model FLOPs;
     # the difference is exactly half the attention scores' forward, per layer and token.
-    flash = count_flops(lambda: model(idx, targets)[1].backward())
+    flash = sum(flops_by_op(lambda: model(idx, targets)[1].backward()).values())
     model.zero_grad(set_to_none=True)
     recomputed = cfg.n_layer * B * T * flops.attention_score_flops(T, cfg.n_embd) // 2
     assert flash == expected + recomputed

@@ -164,8 +164,6 @@ def test_spec_memory_and_source(key: str) -> None:
     assert spec.source.strip()
     assert "datasheet" in spec.source.lower()
     assert 1e12 <= spec.hbm_bandwidth <= 20e12  # 1..20 TB/s
-    assert 16e9 <= spec.hbm_capacity <= 400e9
-    assert spec.nvlink_bandwidth is None or 100e9 <= spec.nvlink_bandwidth <= 2e12
 
 
 def test_known_datasheet_values() -> None:
@@ -181,7 +179,6 @@ def test_known_datasheet_values() -> None:
     h200 = SPECS["H200"]
     assert h200.peak_flops == h100.peak_flops
     assert h200.hbm_bandwidth > h100.hbm_bandwidth
-    assert h200.hbm_capacity > h100.hbm_capacity
     assert SPECS["A100"].peak("bf16") == pytest.approx(312e12)
     assert SPECS["A100"].peak("tf32") == pytest.approx(156e12)
 

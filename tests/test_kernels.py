@@ -19,41 +19,46 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tutorial_lib.kernels import (
-    achieved_bandwidth,
-    add_layer_norm,
-    add_layer_norm_bytes,
-    add_layer_norm_forward,
-    add_layer_norm_reference,
-    add_layer_norm_unfused_bytes,
-    bandwidth_fraction,
+from tutorial_lib.kernels import layernorm as layernorm_module
+from tutorial_lib.kernels import runtime
+from tutorial_lib.kernels.bias_gelu import (
     bias_gelu,
     bias_gelu_backward,
-    bias_gelu_bytes,
     bias_gelu_forward,
     bias_gelu_reference,
-    bias_gelu_unfused_bytes,
+)
+from tutorial_lib.kernels.cross_entropy import (
     cross_entropy,
     cross_entropy_backward,
-    cross_entropy_bytes,
     cross_entropy_forward,
     cross_entropy_reference,
-    cross_entropy_unfused_bytes,
-    interpreter_mode,
+)
+from tutorial_lib.kernels.layernorm import (
+    add_layer_norm,
+    add_layer_norm_forward,
+    add_layer_norm_reference,
     layer_norm,
     layer_norm_backward,
-    layer_norm_bytes,
     layer_norm_forward,
     layer_norm_reference,
-    runtime,
+)
+from tutorial_lib.kernels.runtime import interpreter_mode, triton_status
+from tutorial_lib.kernels.softmax import (
     softmax,
     softmax_backward,
-    softmax_bytes,
     softmax_forward,
     softmax_reference,
-    triton_status,
 )
-from tutorial_lib.kernels import layernorm as layernorm_module
+from tutorial_lib.kernels.traffic import (
+    add_layer_norm_bytes,
+    add_layer_norm_unfused_bytes,
+    bias_gelu_bytes,
+    bias_gelu_unfused_bytes,
+    cross_entropy_bytes,
+    cross_entropy_unfused_bytes,
+    layer_norm_bytes,
+    softmax_bytes,
+)
 
 Tensor = torch.Tensor
 BF16, F16, F32, F64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
@@ -219,11 +224,6 @@ def test_layer_norm_weight_grads_reduce_over_programs(
         assert_close(mine, theirs, F32)
 
 
-def test_sum_partials_handles_ragged_blocks() -> None:
-    partials = randn(75, 300, seed=4)  # 75 rows: two full 32-row chunks and a tail of 11
-    assert_close(layernorm_module.sum_partials(partials, F32), partials.double().sum(0), F32)
-
-
 def test_add_layer_norm_mixed_dtypes_both_outputs_used() -> None:
     """float32 x + bfloat16 residual -> float32 s and y; each input gets its own dtype back."""
     x, w, b = _x_and_params((37, 45), F32)
@@ -272,11 +272,20 @@ def test_layer_norm_under_autocast_keeps_weight_dtype() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Launchers write every element of a preallocated output: NaN-poisoned buffers come back clean.
+# Launchers write every element of their outputs: with torch.empty handing out NaN-filled
+# buffers, no NaN may come back.
 
 
-def _poisoned(shape: tuple[int, ...], dtype: torch.dtype = F32) -> Tensor:
-    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+@pytest.fixture
+def nan_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.empty`` (which the launchers allocate with) returns floating buffers full of NaN."""
+    empty = torch.empty
+
+    def poisoned(*args: object, **kwargs: object) -> Tensor:
+        t = empty(*args, **kwargs)  # type: ignore[call-overload]
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
 
 
 def _assert_filled(out: Tensor, expected: Tensor) -> None:
@@ -284,72 +293,61 @@ def _assert_filled(out: Tensor, expected: Tensor) -> None:
     assert_close(out, expected, F32)
 
 
-def test_poisoned_outputs_bias_gelu() -> None:
+@pytest.mark.usefixtures("nan_empty")
+def test_every_output_element_is_written_bias_gelu() -> None:
     x, b, dy = randn(37, 45), randn(45, seed=1), randn(37, 45, seed=2)
-    out, dx_out = _poisoned((37, 45)), _poisoned((37, 45))
-    y = bias_gelu_forward(x, b, out=out, block_m=4)
-    dx, db = bias_gelu_backward(dy, x, b, dx_out=dx_out, block_m=4)
-    assert y is out and dx is dx_out and db is not None
+    y = bias_gelu_forward(x, b, block_m=4)
+    dx, db = bias_gelu_backward(dy, x, b, block_m=4)
+    assert db is not None
     xr, br = leaf(x, F64), leaf(b, F64)
     bias_gelu_reference(xr, br).backward(dy.double())
-    _assert_filled(out, bias_gelu_reference(x.double(), b.double()))
-    _assert_filled(dx_out, xr.grad)
-    assert_close(db, br.grad, F32)
+    _assert_filled(y, bias_gelu_reference(x.double(), b.double()))
+    _assert_filled(dx, xr.grad)
+    _assert_filled(db, br.grad)
 
 
-def test_poisoned_outputs_layer_norm_and_add() -> None:
+@pytest.mark.usefixtures("nan_empty")
+def test_every_output_element_is_written_layer_norm_and_add() -> None:
     x, w, b = _x_and_params((37, 45), F32)
     r, dy, ds = randn(37, 45, seed=3), randn(37, 45, seed=4), randn(37, 45, seed=5)
-    out, dx_out = _poisoned((37, 45)), _poisoned((37, 45))
-    y, mean, rstd = layer_norm_forward(x, w, b, out=out, block_m=4)
-    dx, _, _ = layer_norm_backward(dy, x, w, mean, rstd, bias=b, ds=ds, dx_out=dx_out, block_m=4)
-    xr = leaf(x, F64)
-    layer_norm_reference(xr, w.double(), b.double()).backward(dy.double())
-    _assert_filled(out, layer_norm_reference(x.double(), w.double(), b.double()))
-    _assert_filled(dx_out, xr.grad + ds.double())  # the extra incoming gradient is added
+    y, mean, rstd = layer_norm_forward(x, w, b, block_m=4)
+    dx, dw, _ = layer_norm_backward(dy, x, w, mean, rstd, bias=b, ds=ds, block_m=4)
+    xr, wr = leaf(x, F64), leaf(w, F64)
+    layer_norm_reference(xr, wr, b.double()).backward(dy.double())
+    _assert_filled(y, layer_norm_reference(x.double(), w.double(), b.double()))
+    _assert_filled(dx, xr.grad + ds.double())  # the extra incoming gradient is added
+    _assert_filled(dw, wr.grad)
 
-    s_out, y_out = _poisoned((37, 45)), _poisoned((37, 45))
-    s, y, _, _ = add_layer_norm_forward(x, r, w, b, out=y_out, s_out=s_out, block_m=4)
+    s, y, _, _ = add_layer_norm_forward(x, r, w, b, block_m=4)
     sr, yr = add_layer_norm_reference(x.double(), r.double(), w.double(), b.double())
-    _assert_filled(s_out, sr)
-    _assert_filled(y_out, yr)
+    _assert_filled(s, sr)
+    _assert_filled(y, yr)
 
 
-def test_poisoned_outputs_softmax() -> None:
+@pytest.mark.usefixtures("nan_empty")
+def test_every_output_element_is_written_softmax() -> None:
     x, dy = randn(37, 45, scale=3), randn(37, 45, seed=1)
-    out, dx_out = _poisoned((37, 45)), _poisoned((37, 45))
-    softmax_forward(x, out=out, block_m=4)
-    softmax_backward(dy, out, dx_out=dx_out, block_m=4)
+    y = softmax_forward(x, block_m=4)
+    dx = softmax_backward(dy, y, block_m=4)
     xr = leaf(x, F64)
     softmax_reference(xr).backward(dy.double())
-    _assert_filled(out, softmax_reference(x.double()))
-    _assert_filled(dx_out, xr.grad)
+    _assert_filled(y, softmax_reference(x.double()))
+    _assert_filled(dx, xr.grad)
 
 
-def test_poisoned_outputs_cross_entropy() -> None:
+@pytest.mark.usefixtures("nan_empty")
+def test_every_output_element_is_written_cross_entropy() -> None:
     logits, targets = randn(37, 300, scale=3), _targets(37, 300, ignore_every=5)
-    lse_out, loss_out, dx_out = _poisoned((37,)), _poisoned((37,)), _poisoned((37, 300))
-    loss, lse, rows, n_valid = cross_entropy_forward(
-        logits, targets, lse_out=lse_out, loss_out=loss_out, block_v=64, block_m=4
-    )
-    cross_entropy_backward(
-        torch.tensor(1.0, device=DEVICE), logits, targets, lse, dx_out=dx_out, block_v=64, block_m=4
+    loss, lse, rows, n_valid = cross_entropy_forward(logits, targets, block_v=64, block_m=4)
+    dx = cross_entropy_backward(
+        torch.tensor(1.0, device=DEVICE), logits, targets, lse, block_v=64, block_m=4
     )
     lr = leaf(logits, F64)
     F.cross_entropy(lr, targets).backward()
-    _assert_filled(lse_out, torch.logsumexp(logits.double(), dim=-1))
-    expected_rows = F.cross_entropy(logits.double(), targets, reduction="none")
-    _assert_filled(loss_out, expected_rows)
-    _assert_filled(dx_out, lr.grad)
+    _assert_filled(lse, torch.logsumexp(logits.double(), dim=-1))
+    _assert_filled(rows, F.cross_entropy(logits.double(), targets, reduction="none"))
+    _assert_filled(dx, lr.grad)
     assert n_valid.item() == (targets != -100).sum().item()
-
-
-def test_output_buffer_of_the_wrong_kind_is_refused() -> None:
-    x = randn(4, 8)
-    with pytest.raises(ValueError, match=r"shape \(4, 9\).*dtype torch.bfloat16"):
-        bias_gelu_forward(x, None, out=torch.empty(4, 9, dtype=BF16, device=DEVICE))
-    with pytest.raises(ValueError, match="non-contiguous"):
-        softmax_forward(x, out=torch.empty(8, 4, device=DEVICE).t())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,22 +471,21 @@ def test_softmax_is_stable_for_large_values() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Rows wider than one tile: LayerNorm and softmax walk them in chunks, in two passes
-# (wide_rows.py). Few rows each: the interpreter's cost grows with programs and chunks.
+# Rows wider than one tile: LayerNorm walks them in chunks, in two passes (wide_rows.py);
+# softmax refuses them. Few rows each: the interpreter's cost grows with programs and chunks.
 
-ROW_WISE = ["layer_norm", "add_layer_norm", "softmax"]
+ROW_WISE = ["layer_norm", "add_layer_norm"]
 CAP = runtime.MAX_ROW_BLOCK
 
 
-def test_row_block_is_one_tile_up_to_the_cap_then_chunks() -> None:
+def test_row_block_is_one_tile_up_to_the_cap_then_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert CAP == 4096
     assert runtime.row_block(1) == (1, False)
     assert runtime.row_block(CAP - 1) == (CAP, False) and runtime.row_block(CAP) == (CAP, False)
     assert runtime.row_block(CAP + 1) == (CAP, True)
     assert runtime.row_block(10**6) == (CAP, True)  # no upper limit on the width any more
-    assert runtime.row_block(200, 64) == (64, True) and runtime.row_block(64, 64) == (64, False)
-    with pytest.raises(ValueError, match="power of two"):
-        runtime.row_block(100, 48)
+    monkeypatch.setattr(runtime, "MAX_ROW_BLOCK", 64)  # read at every call
+    assert runtime.row_block(200) == (64, True) and runtime.row_block(64) == (64, False)
 
 
 # Just below the cap (one tile, padded to 4096) and just above (4096 + 1: a last chunk of one
@@ -526,6 +523,14 @@ def test_chunked_kernels_with_a_lowered_cap(
         _check_gradients(name, shape, dtype)
 
 
+def test_softmax_refuses_rows_wider_than_one_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "MAX_ROW_BLOCK", SMALL_CAP)
+    x = randn(3, SMALL_CAP)
+    assert_close(softmax(x), softmax_reference(x.double()), F32)
+    with pytest.raises(ValueError, match=f"rows of at most {SMALL_CAP} values"):
+        softmax(randn(3, SMALL_CAP + 1))
+
+
 class _LaunchSpy:
     """Stands in for a kernel: records that it was launched, then launches the real one."""
 
@@ -543,13 +548,10 @@ def test_the_launchers_pick_the_chunked_kernels_only_above_the_cap(
 ) -> None:
     from tutorial_lib.kernels import wide_rows
 
-    softmax_mod = sys.modules["tutorial_lib.kernels.softmax"]
     monkeypatch.setattr(runtime, "MAX_ROW_BLOCK", SMALL_CAP)
     spies = {}
     for module, name in [
         (layernorm_module, "layer_norm_fwd_chunked_kernel"),
-        (softmax_mod, "softmax_fwd_chunked_kernel"),
-        (softmax_mod, "softmax_bwd_chunked_kernel"),
         (wide_rows, "layer_norm_bwd_row_means_kernel"),
         (wide_rows, "layer_norm_bwd_chunked_kernel"),
     ]:
@@ -558,7 +560,6 @@ def test_the_launchers_pick_the_chunked_kernels_only_above_the_cap(
     x, w, b = _x_and_params((3, width), F32)
     y, mean, rstd = layer_norm_forward(x, w, b)
     layer_norm_backward(randn(3, width, seed=5), x, w, mean, rstd, bias=b)
-    softmax_backward(randn(3, width, seed=6), softmax_forward(x))
     assert {name: spy.launches for name, spy in spies.items()} == dict.fromkeys(spies, int(chunked))
 
 
@@ -575,22 +576,6 @@ def test_chunked_layer_norm_keeps_precision_when_the_mean_is_large() -> None:
     # x - mean is rounded where float32's spacing is 2**-15 ~ 3e-5 (values near 300)
     ref = layer_norm_reference(x64, None, None)
     torch.testing.assert_close(y.double(), ref, rtol=0, atol=1e-4)
-
-
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the -inf row
-def test_chunked_softmax_with_a_fully_masked_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A first chunk of only -inf (masked positions) must not turn the online sum into NaN;
-    a row of only -inf gives NaN, as torch.softmax does."""
-    monkeypatch.setattr(runtime, "MAX_ROW_BLOCK", SMALL_CAP)
-    x = randn(4, 3 * SMALL_CAP + 1, scale=4)
-    x[0, :SMALL_CAP] = -float("inf")
-    x[1, SMALL_CAP : 2 * SMALL_CAP] = -float("inf")
-    x[2, :] = -float("inf")
-    y = softmax_forward(x)
-    expected = softmax_reference(x.double())
-    assert y[2].isnan().all() and expected[2].isnan().all()
-    assert_close(y[[0, 1, 3]], expected[[0, 1, 3]], F32)
-    assert (y[0, :SMALL_CAP] == 0).all()
 
 
 def test_non_contiguous_inputs_are_made_contiguous() -> None:
@@ -726,18 +711,6 @@ def test_traffic_counts_by_hand() -> None:
     assert cross_entropy_unfused_bytes(M, V, BF16) == 240 + 320 + 4 * 8 + 4 * 4
     assert cross_entropy_unfused_bytes(M, V, F32) == 320 + 4 * 8 + 4 * 4  # no cast needed
     assert cross_entropy_unfused_bytes(M, V, BF16, backward=True) == 32 + 160 + 480 + 240
-
-
-def test_bandwidth_helpers() -> None:
-    @dataclass
-    class FakeSpec:
-        hbm_bandwidth: float
-
-    assert achieved_bandwidth(1e9, 0.5) == 2e9
-    assert bandwidth_fraction(1e9, 0.5, FakeSpec(hbm_bandwidth=4e9)) == 0.5
-    assert bandwidth_fraction(1e9, 0.5, None) is None
-    with pytest.raises(ValueError, match="seconds must be positive"):
-        achieved_bandwidth(1e9, 0.0)
 
 
 def test_layer_norm_frozen_parameters_get_no_grad() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.layers import LINEAR_ROLES, TorchLayers
-from tutorial_lib.model import GPT, hf_to_tutorial_state_dict
+from tutorial_lib.model import GPT
 
 # An odd configuration: nothing is a power of two, so shape mix-ups cannot hide.
 ODD = GPTConfig(vocab_size=97, block_size=37, n_layer=3, n_head=5, n_embd=40)
@@ -39,7 +40,7 @@ def test_gpt2_124m_parameter_count() -> None:
     assert next(model.parameters()).is_meta
     assert model.num_params() == 124_439_808  # GPT-2 small, tied LM head
     wte, wpe = cfg.vocab_size * cfg.n_embd, cfg.block_size * cfg.n_embd
-    assert model.num_params(non_embedding=True) == 124_439_808 - wte - wpe == 85_056_000
+    assert model.num_params() - wte - wpe == 85_056_000  # without the embedding tables
 
 
 def test_lm_head_is_tied_and_counted_once() -> None:
@@ -67,7 +68,6 @@ def test_num_params_odd_config_by_hand() -> None:
     )
     expected = v * c + t * c + layers * per_block + 2 * c
     assert GPT(ODD).num_params() == expected
-    assert GPT(ODD).num_params(non_embedding=True) == expected - v * c - t * c
 
 
 def test_num_params_without_bias() -> None:
@@ -315,6 +315,63 @@ def test_generate_uses_eval_mode() -> None:
 
 # ---- Hugging Face parity -------------------------------------------------------------------
 
+
+def from_hf_state_dict(state_dict: Mapping[str, torch.Tensor], config: GPTConfig) -> GPT:
+    """A GPT from a ``transformers`` GPT-2 state dict (``GPT2LMHeadModel``/``GPT2Model``).
+
+    GPT-2 stores its Linear layers as ``Conv1D`` with weights of shape (in, out); ours are
+    ``nn.Linear`` with (out, in), so those weights are transposed.
+    """
+    model = GPT(config)
+    model.load_state_dict(hf_to_tutorial_state_dict(state_dict, config))
+    return model
+
+
+_CONV1D = {
+    "attn.c_attn": "attn.qkv",
+    "attn.c_proj": "attn.proj",
+    "mlp.c_fc": "mlp.fc",
+    "mlp.c_proj": "mlp.proj",
+}
+_NORMS = {"ln_1": "ln1", "ln_2": "ln2"}
+
+
+def hf_to_tutorial_state_dict(
+    state_dict: Mapping[str, torch.Tensor], config: GPTConfig
+) -> dict[str, torch.Tensor]:
+    """Rename (and transpose Conv1D weights of) a Hugging Face GPT-2 state dict for ``GPT``."""
+    sd = {k.removeprefix("transformer."): v for k, v in state_dict.items()}
+    sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    wte = sd.get("wte.weight")
+    if wte is None:
+        raise KeyError("Not a GPT-2 state dict: no 'transformer.wte.weight' (or 'wte.weight').")
+    expected = (config.vocab_size, config.n_embd)
+    if tuple(wte.shape) != expected:
+        raise ValueError(
+            f"wte.weight has shape {tuple(wte.shape)} but the config expects {expected}; pass a "
+            "GPTConfig with the checkpoint's vocab_size and n_embd."
+        )
+    out: dict[str, torch.Tensor] = {
+        "tok_emb.weight": wte,
+        "pos_emb.weight": sd["wpe.weight"][: config.block_size],
+        "ln_f.weight": sd["ln_f.weight"],
+    }
+    if config.bias:
+        out["ln_f.bias"] = sd["ln_f.bias"]
+    for i in range(config.n_layer):
+        for hf, ours in _NORMS.items():
+            for p in ("weight", "bias") if config.bias else ("weight",):
+                out[f"blocks.{i}.{ours}.{p}"] = sd[f"h.{i}.{hf}.{p}"]
+        for hf, ours in _CONV1D.items():
+            out[f"blocks.{i}.{ours}.weight"] = sd[f"h.{i}.{hf}.weight"].t().contiguous()
+            if config.bias:
+                out[f"blocks.{i}.{ours}.bias"] = sd[f"h.{i}.{hf}.bias"]
+    lm_head = sd.get("lm_head.weight")
+    if lm_head is not None and not torch.equal(lm_head, wte):
+        raise ValueError("lm_head.weight differs from wte.weight; this GPT ties the two.")
+    return out
+
+
 HF_KW = dict(vocab_size=97, n_positions=41, n_embd=60, n_layer=3, n_head=5)
 
 
@@ -350,7 +407,7 @@ def hf_model() -> nn.Module:
 
 @pytest.mark.parametrize(("b", "t"), [(3, 41), (1, 1), (5, 23)])
 def test_hf_parity_lm_head_model(hf_model: nn.Module, b: int, t: int) -> None:
-    ours = GPT.from_hf_state_dict(hf_model.state_dict(), _ours_cfg()).eval()
+    ours = from_hf_state_dict(hf_model.state_dict(), _ours_cfg()).eval()
     idx = _tokens(b, t, 97, seed=b * 100 + t)
     with torch.no_grad():
         expected = hf_model(idx).logits
@@ -362,7 +419,7 @@ def test_hf_parity_lm_head_model(hf_model: nn.Module, b: int, t: int) -> None:
 def test_hf_parity_without_transformer_prefix(hf_model: nn.Module) -> None:
     sd = hf_model.transformer.state_dict()  # GPT2Model: no 'transformer.' prefix, has ln_f
     assert "wte.weight" in sd and "ln_f.weight" in sd
-    ours = GPT.from_hf_state_dict(sd, _ours_cfg()).eval()
+    ours = from_hf_state_dict(sd, _ours_cfg()).eval()
     idx = _tokens(3, 29, 97)
     with torch.no_grad():
         expected = hf_model(idx).logits
@@ -373,7 +430,7 @@ def test_hf_parity_without_transformer_prefix(hf_model: nn.Module) -> None:
 
 def test_hf_parity_with_shorter_block_size(hf_model: nn.Module) -> None:
     # A shorter context than the checkpoint's n_positions crops the position table.
-    ours = GPT.from_hf_state_dict(hf_model.state_dict(), _ours_cfg(block_size=37)).eval()
+    ours = from_hf_state_dict(hf_model.state_dict(), _ours_cfg(block_size=37)).eval()
     assert ours.pos_emb.weight.shape == (37, 60)
     idx = _tokens(3, 37, 97)
     with torch.no_grad():
@@ -395,20 +452,20 @@ def test_hf_conversion_transposes_conv1d(hf_model: nn.Module) -> None:
 def test_hf_wrong_vocab_raises(hf_model: nn.Module) -> None:
     cfg = _ours_cfg().replace(vocab_size=96)
     with pytest.raises(ValueError, match=r"\(97, 60\).*\(96, 60\)"):
-        GPT.from_hf_state_dict(hf_model.state_dict(), cfg)
+        from_hf_state_dict(hf_model.state_dict(), cfg)
 
 
 def test_hf_missing_wte_raises(hf_model: nn.Module) -> None:
     sd = {k: v for k, v in hf_model.state_dict().items() if not k.endswith("wte.weight")}
     with pytest.raises(KeyError, match="wte"):
-        GPT.from_hf_state_dict(sd, _ours_cfg())
+        from_hf_state_dict(sd, _ours_cfg())
 
 
 def test_hf_untied_lm_head_raises(hf_model: nn.Module) -> None:
     sd = dict(hf_model.state_dict())
     sd["lm_head.weight"] = sd["lm_head.weight"] + 1.0
     with pytest.raises(ValueError, match="lm_head"):
-        GPT.from_hf_state_dict(sd, _ours_cfg())
+        from_hf_state_dict(sd, _ours_cfg())
 
 
 # ---- the LayerFactory hook -----------------------------------------------------------------

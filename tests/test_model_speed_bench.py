@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from tutorial_lib.config import GPTConfig
-from tutorial_lib.layers import GELU, TorchLayers
+from tutorial_lib.layers import TorchLayers
+from tutorial_lib.model import GPT
 
 ODD = GPTConfig(vocab_size=97, block_size=19, n_layer=2, n_head=3, n_embd=24)
 
@@ -32,13 +33,11 @@ def test_the_check_can_fail_on_another_gelu(ref: ModuleType) -> None:
     assert ref.check_equivalence(ODD, gelu="erf", ours_gelu="none") > 0  # like for like
 
 
-def test_exact_gelu_is_nn_gelu_and_tanh_stays_the_default() -> None:
+def test_exact_gelu_is_nn_gelu_and_tanh_stays_the_default(ref: ModuleType) -> None:
     x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
-    torch.testing.assert_close(GELU("none")(x), F.gelu(x))
     torch.testing.assert_close(TorchLayers().gelu()(x), F.gelu(x, approximate="tanh"))
-    assert TorchLayers(gelu="none").gelu()(x).sub(F.gelu(x)).abs().max() == 0
-    with pytest.raises(ValueError, match="'tanh' or 'none'"):
-        GELU("erf")
+    exact = ref.with_exact_gelu(GPT(ODD))
+    assert all(block.mlp.act(x).sub(F.gelu(x)).abs().max() == 0 for block in exact.blocks)
 
 
 def test_benchmark_builds_every_model_from_the_same_weights(

@@ -22,7 +22,6 @@ from tutorial_lib.perf import (
     peak_memory_bytes,
     profile_top_ops,
     reset_peak_memory,
-    tokens_per_second,
 )
 from tutorial_lib.perf import timing as timing_mod
 from tutorial_lib.perf.timing import naive_time, synced_time
@@ -107,13 +106,6 @@ def test_benchmark_waits_for_asynchronous_work(virtual: VirtualDevice) -> None:
 
 
 # ---- throughput and MFU --------------------------------------------------------------------
-
-
-def test_tokens_per_second() -> None:
-    assert tokens_per_second(4096, 0.5) == 8192.0
-    for bad in (0.0, -1.0):
-        with pytest.raises(ValueError, match="seconds"):
-            tokens_per_second(10, bad)
 
 
 def test_mfu_unknown_device_or_dtype_is_none() -> None:

@@ -150,7 +150,7 @@ def test_gemm_operand_bytes_memory_bound_by_hand() -> None:
     """At 1 byte/s and an enormous peak, gemm_s is the GEMMs' bytes. NVFP4 on sm_100:
     forward x_row 5404 + w_row 1084 + y 16000; dgrad dy_row 4604 + w_col 1108 + dx 19200;
     wgrad dy_col 4524 + x_col 5428 + dw 3840."""
-    toy = DeviceSpec("toy", {"bf16": 1e30, "fp8": 1e30, "fp4": 1e30}, 1.0, 1e9, None, "test")
+    toy = DeviceSpec("toy", {"bf16": 1e30, "fp8": 1e30, "fp4": 1e30}, 1.0, "test")
     cost = recipe_layer_cost(toy, "nvfp4", M, K, N, compute_capability=BLACKWELL)
     assert cost.gemm_s == pytest.approx(22488 + 24912 + 13792)
     assert cost.cast_s == pytest.approx(HAND_CAST["nvfp4"][0])
@@ -200,7 +200,7 @@ def test_native_where_expected() -> None:
 
 
 def test_missing_peak_gives_no_time() -> None:
-    no_fp4 = DeviceSpec("toy", {"bf16": 1e15, "fp8": 2e15}, 1e12, 1e9, None, "test")
+    no_fp4 = DeviceSpec("toy", {"bf16": 1e15, "fp8": 2e15}, 1e12, "test")
     cost = recipe_layer_cost(no_fp4, "nvfp4", M, K, N, compute_capability=BLACKWELL)
     assert cost.native and cost.gemm_s is None and "fp4 peak" in cost.note
 
@@ -209,7 +209,7 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match="Unknown recipe"):
         recipe_layer_cost(SPECS["H100 SXM"], "int8", M, K, N)
     with pytest.raises(ValueError, match="compute capability"):
-        recipe_layer_cost(DeviceSpec("toy", {}, 1.0, 1.0, None, "t"), "delayed", M, K, N)
+        recipe_layer_cost(DeviceSpec("toy", {}, 1.0, "t"), "delayed", M, K, N)
     with pytest.raises(ValueError, match="tokens"):
         recipe_layer_cost(SPECS["H100 SXM"], "delayed", 0, K, N)
 

@@ -66,14 +66,6 @@ def test_loss_curve_labels_and_lines() -> None:
     assert ax.get_legend() is not None
 
 
-def test_loss_curve_smoothing_is_a_trailing_mean() -> None:
-    losses = [6.0, 2.0, 4.0, 1.0, 3.0, 5.0]
-    fig = loss_curve({"run": _history(losses)}, smooth=3)
-    y = fig.axes[0].get_lines()[0].get_ydata()
-    expected = [6.0, 4.0, 4.0, 7 / 3, 8 / 3, 3.0]  # mean of up to 3 values ending at each step
-    np.testing.assert_allclose(y, expected)
-
-
 def test_loss_curve_on_given_axes_with_hardware_label() -> None:
     fig, (left, right) = plt.subplots(1, 2)
     out = loss_curve({"run": _history([3.0, 2.0])}, ax=right, hardware="2-core CPU, ci preset")

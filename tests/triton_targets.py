@@ -18,7 +18,7 @@ What is launched is what the package launches, at the shapes each preset makes:
   autocast (the dtype mix a GPU run gives each kernel), and under the ``fp8`` policy;
 - flash attention forward and backward at the preset's (B, H, T, D), softmax at chapter 7's
   attention-row shape, each in FP32, BF16 and FP16;
-- the chunked two-pass LayerNorm and softmax at rows wider than ``MAX_ROW_BLOCK``;
+- the chunked two-pass LayerNorm at rows wider than ``MAX_ROW_BLOCK``;
 - exercise 7.1's worked solution.
 
 The launchers' device checks are the one thing switched off (the tensors are on no GPU), and
@@ -204,19 +204,19 @@ def _attention(preset: Any, dtype: str) -> None:
         flash_attention(q, k, v, causal=True).sum().backward()
 
 
-def _softmax(preset: Any, dtype: str, width: int | None = None) -> None:
+def _softmax(preset: Any, dtype: str) -> None:
     from tutorial_lib.kernels import softmax
 
     cfg = preset.model_config()
-    T = width or cfg.block_size
-    rows = 64 if width else preset.bench_batch_size * cfg.n_head * T  # chapter 7's attention rows
+    T = cfg.block_size
+    rows = preset.bench_batch_size * cfg.n_head * T  # chapter 7's attention rows
     with _fake():
         x = torch.zeros(rows, T, dtype=DTYPES[dtype], requires_grad=True)
         softmax(x).sum().backward()
 
 
 def _wide_rows(preset: Any, dtype: str) -> None:
-    """Rows wider than MAX_ROW_BLOCK take the two-pass chunked kernels."""
+    """Rows wider than MAX_ROW_BLOCK take the two-pass chunked LayerNorm kernels."""
     from tutorial_lib.kernels import add_layer_norm, layer_norm
     from tutorial_lib.kernels.runtime import MAX_ROW_BLOCK
 
@@ -229,11 +229,10 @@ def _wide_rows(preset: Any, dtype: str) -> None:
         layer_norm(x, w, b).sum().backward()
         s, y = add_layer_norm(x, r, w, b)
         (s.sum() + y.sum()).backward()
-    _softmax(preset, dtype, width)
 
 
 def _exercise(preset: Any, dtype: str) -> None:
-    from tutorial_lib.exercises.solutions import fused_bias_gelu
+    from exercise_solutions import fused_bias_gelu
 
     cfg = preset.model_config()
     with _fake():
@@ -254,7 +253,7 @@ CASES: dict[str, Callable[[Any, str], None]] = {
 def package_kernels() -> tuple[list[str], list[str]]:
     """Every ``@triton.jit`` function of the package, and those only called from other kernels
     (device functions, compiled into their callers)."""
-    import tutorial_lib.exercises.solutions as solutions
+    import exercise_solutions as solutions
 
     found: dict[str, JITFunction] = {}
     for module in [sys.modules[f"tutorial_lib.kernels.{m}"] for m in KERNEL_MODULES] + [solutions]:

@@ -28,7 +28,7 @@ a CUDA matmul setting and changes no dtype.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,14 +41,12 @@ from .precision import get_policy
 __all__ = [
     "OpRecord",
     "SKIPPED_OPS",
-    "MATMUL_OPS",
     "record_op_dtypes",
     "autocast_summary",
-    "matmul_dtype",
 ]
 
 # Ops that only re-describe memory (views, splits) or the autograd graph (detach): they keep the
-# dtype of their input and would make up half the log. Pass ``skip=()`` to see them too.
+# dtype of their input and would make up half the log.
 SKIPPED_OPS: frozenset[str] = frozenset(
     f"aten.{name}"
     for name in (
@@ -75,24 +73,6 @@ SKIPPED_OPS: frozenset[str] = frozenset(
     )
 )
 
-# Matrix multiplications: the ops autocast puts in lower precision and tensor cores run.
-MATMUL_OPS: frozenset[str] = frozenset(
-    f"aten.{name}"
-    for name in (
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "matmul",
-        "linear",
-        "_scaled_mm",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-    )
-)
-
 
 @dataclass(frozen=True)
 class OpRecord:
@@ -113,9 +93,8 @@ def _tensor_dtypes(tree: Any) -> tuple[str, ...]:
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self, skip: Collection[str]) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.skip = skip
         self.records: list[OpRecord] = []
 
     def __torch_dispatch__(
@@ -124,7 +103,7 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         op = str(func.overloadpacket)  # "aten.addmm" (the overload, ".default", dropped)
-        if op not in self.skip:
+        if op not in SKIPPED_OPS:
             outputs = _tensor_dtypes(out)
             self.records.append(
                 OpRecord(op, _tensor_dtypes((args, kwargs)), outputs[0] if outputs else None)
@@ -132,19 +111,17 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def record_op_dtypes(
-    fn: Callable[[], object], *, skip: Collection[str] = SKIPPED_OPS
-) -> list[OpRecord]:
+def record_op_dtypes(fn: Callable[[], object]) -> list[OpRecord]:
     """Run ``fn()`` and return the ATen ops it called, in order, with their tensor dtypes.
 
-    Ops named in ``skip`` (default ``SKIPPED_OPS``: views, reshapes, splits, transposes and
-    ``detach``, which never change a dtype) are left out. The mode sits below autocast and
+    Ops named in ``SKIPPED_OPS`` (views, reshapes, splits, transposes and ``detach``, which
+    never change a dtype) are left out. The mode sits below autocast and
     autograd in the dispatcher: it records the casts autocast inserts, and, if ``fn`` calls
     ``backward()``, the backward ops too (CPU autograd runs on the calling thread).
     The first call in a process takes a few seconds: entering a dispatch mode imports
     ``torch._dynamo`` (about 4 s on the book's 2-core CPU machines).
     """
-    recorder = _Recorder(skip)
+    recorder = _Recorder()
     with recorder:
         fn()
     return recorder.records
@@ -185,15 +162,3 @@ def autocast_summary(
         }
         for op, dtype in sorted(counts)
     ]
-
-
-def matmul_dtype(summary: list[dict[str, Any]]) -> str:
-    """The output dtype of the matrix multiplications in an ``autocast_summary``.
-
-    One name ("bfloat16") when they agree, else the names joined by ", ". Raises ``ValueError``
-    if the summary has no matmul (see ``MATMUL_OPS``).
-    """
-    dtypes = sorted({row["output_dtype"] for row in summary if row["op"] in MATMUL_OPS})
-    if not dtypes:
-        raise ValueError("No matrix multiplication in this summary (looked for MATMUL_OPS).")
-    return ", ".join(dtypes)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import sysconfig
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -153,12 +152,6 @@ class TokenData:
                 device, non_blocking=True
             )
         return x, y
-
-    def batches(
-        self, split: str, batch_size: int, device: torch.device | str = "cpu"
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.get_batch(split, batch_size, device)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Sampler RNG state, so a resumed run draws the same batches."""

@@ -35,8 +35,6 @@ class DeviceSpec:
     name: str
     peak_flops: dict[str, float]  # dtype name ("fp32", "tf32", "bf16", "fp16", "fp8") -> FLOP/s
     hbm_bandwidth: float  # bytes/s
-    hbm_capacity: float  # bytes
-    nvlink_bandwidth: float | None  # bytes/s per GPU, one direction
     source: str
 
     def peak(self, dtype: str) -> float | None:
@@ -45,7 +43,6 @@ class DeviceSpec:
 
 
 _TB = 1e12
-_GB = 1e9
 
 # Every number below is dense (non-sparse) and from the vendor's datasheet named in `source`.
 SPECS: dict[str, DeviceSpec] = {
@@ -61,8 +58,6 @@ SPECS: dict[str, DeviceSpec] = {
             "fp8": 1979e12,
         },
         hbm_bandwidth=3.35 * _TB,  # datasheet: 3.35 TB/s HBM3
-        hbm_capacity=80 * _GB,  # datasheet: 80 GB
-        nvlink_bandwidth=450 * _GB,  # NVLink 4: 900 GB/s bidirectional -> 450 GB/s one way
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense values",
     ),
     "H100 PCIe": DeviceSpec(
@@ -77,8 +72,6 @@ SPECS: dict[str, DeviceSpec] = {
             "fp8": 1513e12,
         },
         hbm_bandwidth=2.0 * _TB,  # datasheet: 2 TB/s HBM2e
-        hbm_capacity=80 * _GB,
-        nvlink_bandwidth=300 * _GB,  # NVLink bridge 600 GB/s bidirectional
         source="NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense values",
     ),
     "H200": DeviceSpec(
@@ -93,8 +86,6 @@ SPECS: dict[str, DeviceSpec] = {
             "fp8": 1979e12,
         },
         hbm_bandwidth=4.8 * _TB,  # datasheet: 4.8 TB/s HBM3e
-        hbm_capacity=141 * _GB,  # datasheet: 141 GB
-        nvlink_bandwidth=450 * _GB,  # NVLink 4: 900 GB/s bidirectional
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM), dense values",
     ),
     "A100": DeviceSpec(
@@ -103,8 +94,6 @@ SPECS: dict[str, DeviceSpec] = {
         # BF16/FP16 312 TF (dense); no FP8 tensor cores.
         peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
         hbm_bandwidth=2.039 * _TB,  # datasheet: 2,039 GB/s (80 GB SXM)
-        hbm_capacity=80 * _GB,
-        nvlink_bandwidth=300 * _GB,  # NVLink 3: 600 GB/s bidirectional
         source="NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB), dense values",
     ),
     "B200": DeviceSpec(
@@ -120,8 +109,6 @@ SPECS: dict[str, DeviceSpec] = {
             "fp4": 9e15,
         },
         hbm_bandwidth=8.0 * _TB,  # datasheet: 8 TB/s HBM3e
-        hbm_capacity=192 * _GB,  # datasheet: 192 GB (180 GB usable in DGX B200)
-        nvlink_bandwidth=900 * _GB,  # NVLink 5: 1.8 TB/s bidirectional
         source="NVIDIA HGX B200 datasheet (per GPU), dense values",
     ),
 }
@@ -267,7 +254,10 @@ class DeviceInfo:
         )
 
 
-def default_device() -> torch.device:
+def default_device(device: torch.device | str | None = None) -> torch.device:
+    """``device`` as a ``torch.device``; if None, the GPU when torch sees one, else the CPU."""
+    if device is not None:
+        return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -295,7 +285,7 @@ def _cpu_memory() -> int | None:
 
 def describe_device(device: torch.device | str | None = None) -> DeviceInfo:
     """Name, compute capability, memory, BF16/FP8 support and datasheet spec of ``device``."""
-    device = torch.device(device) if device is not None else default_device()
+    device = default_device(device)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)

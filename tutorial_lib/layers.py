@@ -2,7 +2,8 @@
 
 The model never calls ``nn.Linear`` directly. It asks a ``LayerFactory`` for a layer and says what
 the layer is for (its *role*). Later chapters pass other factories: tensor-parallel column/row
-layers, Transformer Engine modules, or our Triton kernels. The model code does not change.
+layers or our Triton kernels (Transformer Engine's modules replace the built layers afterwards:
+``fp8.te_convert``). The model code does not change.
 
 A backend that fuses across layers (chapter 7: the residual add into the LayerNorm, the ``mlp.fc``
 bias into the GELU kernel) returns its own ``Block`` or ``MLP`` variant from ``block`` / ``mlp``;
@@ -46,19 +47,12 @@ class LayerFactory(Protocol):
 
 
 class GELU(nn.Module):
-    """GELU: GPT-2's tanh approximation (``approximate="tanh"``, the default) or the exact erf
-    form (``"none"``, what ``nn.GELU()`` and many minimal GPTs use). They are different
-    functions, not two speeds of one; which is cheaper depends on the machine's kernels
-    (``benchmarks/model_speed.py`` measures both). GPT-2's weights expect tanh."""
-
-    def __init__(self, approximate: str = "tanh") -> None:
-        super().__init__()
-        if approximate not in ("tanh", "none"):
-            raise ValueError(f"GELU approximate must be 'tanh' or 'none', got {approximate!r}.")
-        self.approximate = approximate
+    """GELU, GPT-2's tanh approximation (``approximate="tanh"``). The exact erf form, what
+    ``nn.GELU()`` and many minimal GPTs use, is a different function, not a faster or slower
+    version of this one (``benchmarks/model_speed.py`` times both); GPT-2's weights expect tanh."""
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return F.gelu(h, approximate=self.approximate)
+        return F.gelu(h, approximate="tanh")
 
 
 class CrossEntropy(nn.Module):
@@ -69,13 +63,7 @@ class CrossEntropy(nn.Module):
 
 
 class TorchLayers:
-    """Plain PyTorch: ``nn.Linear`` and ``nn.LayerNorm`` (eps 1e-5, as GPT-2), GPT-2's tanh GELU;
-    ``TorchLayers(gelu="none")`` builds the exact (erf) GELU instead."""
-
-    gelu_approximate = "tanh"  # a class default, so subclasses with their own __init__ keep it
-
-    def __init__(self, gelu: str = "tanh") -> None:
-        self.gelu_approximate = gelu
+    """Plain PyTorch: ``nn.Linear`` and ``nn.LayerNorm`` (eps 1e-5, as GPT-2), GPT-2's tanh GELU."""
 
     def linear(self, in_features: int, out_features: int, bias: bool, role: str) -> nn.Module:
         if role not in LINEAR_ROLES:
@@ -86,7 +74,7 @@ class TorchLayers:
         return nn.LayerNorm(features, eps=1e-5, bias=bias)
 
     def gelu(self) -> nn.Module:
-        return GELU(self.gelu_approximate)
+        return GELU()
 
     def cross_entropy(self) -> nn.Module:
         return CrossEntropy()

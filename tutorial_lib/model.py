@@ -10,7 +10,6 @@ Shapes in comments: B batch, T sequence, C = n_embd, nh = n_head, hs = C / nh, V
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,7 +27,6 @@ __all__ = [
     "GPT",
     "param_breakdown",
     "flops_breakdown",
-    "hf_to_tutorial_state_dict",
 ]
 
 
@@ -126,12 +124,9 @@ class GPT(nn.Module):
         return logits, loss
 
     # ---- anatomy -------------------------------------------------------------------------
-    def num_params(self, non_embedding: bool = False) -> int:
-        """Parameter count (tied weights once). ``non_embedding`` drops token+position tables."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
-        return n
+    def num_params(self) -> int:
+        """Parameter count (tied weights once: the LM head is the token embedding)."""
+        return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(
         self, training: bool = True, seq_len: int | None = None, causal: bool = False
@@ -185,63 +180,6 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
         return idx
-
-    # ---- Hugging Face interop ---------------------------------------------------------------
-    @classmethod
-    def from_hf_state_dict(cls, state_dict: Mapping[str, torch.Tensor], config: GPTConfig) -> GPT:
-        """Build a GPT from a ``transformers`` GPT-2 state dict (``GPT2LMHeadModel``/``GPT2Model``).
-
-        GPT-2 stores its Linear layers as ``Conv1D`` with weights of shape (in, out); ours are
-        ``nn.Linear`` with (out, in), so those weights are transposed.
-        """
-        model = cls(config)
-        model.load_state_dict(hf_to_tutorial_state_dict(state_dict, config))
-        return model
-
-
-_CONV1D = {
-    "attn.c_attn": "attn.qkv",
-    "attn.c_proj": "attn.proj",
-    "mlp.c_fc": "mlp.fc",
-    "mlp.c_proj": "mlp.proj",
-}
-_NORMS = {"ln_1": "ln1", "ln_2": "ln2"}
-
-
-def hf_to_tutorial_state_dict(
-    state_dict: Mapping[str, torch.Tensor], config: GPTConfig
-) -> dict[str, torch.Tensor]:
-    """Rename (and transpose Conv1D weights of) a Hugging Face GPT-2 state dict for ``GPT``."""
-    sd = {k.removeprefix("transformer."): v for k, v in state_dict.items()}
-    sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
-    wte = sd.get("wte.weight")
-    if wte is None:
-        raise KeyError("Not a GPT-2 state dict: no 'transformer.wte.weight' (or 'wte.weight').")
-    expected = (config.vocab_size, config.n_embd)
-    if tuple(wte.shape) != expected:
-        raise ValueError(
-            f"wte.weight has shape {tuple(wte.shape)} but the config expects {expected}; pass a "
-            "GPTConfig with the checkpoint's vocab_size and n_embd."
-        )
-    out: dict[str, torch.Tensor] = {
-        "tok_emb.weight": wte,
-        "pos_emb.weight": sd["wpe.weight"][: config.block_size],
-        "ln_f.weight": sd["ln_f.weight"],
-    }
-    if config.bias:
-        out["ln_f.bias"] = sd["ln_f.bias"]
-    for i in range(config.n_layer):
-        for hf, ours in _NORMS.items():
-            for p in ("weight", "bias") if config.bias else ("weight",):
-                out[f"blocks.{i}.{ours}.{p}"] = sd[f"h.{i}.{hf}.{p}"]
-        for hf, ours in _CONV1D.items():
-            out[f"blocks.{i}.{ours}.weight"] = sd[f"h.{i}.{hf}.weight"].t().contiguous()
-            if config.bias:
-                out[f"blocks.{i}.{ours}.bias"] = sd[f"h.{i}.{hf}.bias"]
-    lm_head = sd.get("lm_head.weight")
-    if lm_head is not None and not torch.equal(lm_head, wte):
-        raise ValueError("lm_head.weight differs from wte.weight; this GPT ties the two.")
-    return out
 
 
 def param_breakdown(model: GPT) -> dict[str, int]:

@@ -50,7 +50,7 @@ def setup_chapter(kind: str = "measured", device: torch.device | str | None = No
         raise ValueError(f"kind={kind!r} is not one of {sorted(KINDS)}: say what the numbers are")
     viz.use_book_style()
     preset = get_preset()
-    dev = torch.device(device) if device is not None else default_device()
+    dev = default_device(device)
     hw = describe_device(dev)
     what = KINDS[kind].format(hw=hw.name)
     label = f"{what}, {date.today().isoformat()}, preset {preset.name}"

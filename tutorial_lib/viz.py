@@ -58,13 +58,11 @@ def loss_curve(
     runs: Mapping[str, Sequence[Mapping[str, float | None]]],
     title: str = "Training loss",
     hardware: str | None = None,
-    smooth: int = 1,
     ax: Axes | None = None,
 ) -> Figure | SubFigure:
     """Plot train loss (lines) and validation loss (markers) per step for one or more runs.
 
     ``runs`` maps a label to a Trainer history (a list of per-step metric dicts).
-    ``smooth`` > 1 applies a trailing moving average to the train loss.
     Returns the figure ``ax`` is in (a ``SubFigure`` if ``ax`` belongs to one).
     """
     if ax is None:
@@ -73,12 +71,6 @@ def loss_curve(
         color = f"C{i}"
         steps = [int(r["step"]) + 1 for r in history]  # type: ignore[arg-type]
         loss = [float(r["loss"]) for r in history]  # type: ignore[arg-type]
-        if smooth > 1:
-            loss = [
-                sum(loss[max(0, j - smooth + 1) : j + 1])
-                / len(loss[max(0, j - smooth + 1) : j + 1])
-                for j in range(len(loss))
-            ]
         ax.plot(steps, loss, color=color, label=f"{label} (train)")
         val = [
             (s, r["val_loss"])

@@ -15,8 +15,8 @@ measuring tools of ``tutorial_lib.perf``, and nothing below it imports it.
 
 from . import attention_bench, overheads
 from .fp8_model import GemmCost, linear_layer_cost, sweep
-from .gemm_bench import GemmTiming, gemm_sweep, gemm_sweep_table, plot_gemm_sweep
-from .policy_bench import benchmark_policies, make_step, run_policy
+from .gemm_bench import gemm_sweep, gemm_sweep_table, plot_gemm_sweep
+from .policy_bench import benchmark_policies, make_step
 from .recipe_runs import loss_curves, recipe_runs
 from .results import (
     environment_stamp,
@@ -42,7 +42,6 @@ __all__ = [
     # precision-policy benchmark (benchmarks/precision.py, chapter 3)
     "benchmark_policies",
     "make_step",
-    "run_policy",
     "recipe_runs",
     "loss_curves",
     # FP8 cost model (chapter 5)
@@ -50,7 +49,6 @@ __all__ = [
     "linear_layer_cost",
     "sweep",
     # measured BF16 vs FP8 GEMMs on rotating inputs (chapter 5)
-    "GemmTiming",
     "gemm_sweep",
     "gemm_sweep_table",
     "plot_gemm_sweep",

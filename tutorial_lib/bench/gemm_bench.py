@@ -184,7 +184,7 @@ def gemm_sweep(
     defaults to ``get_preset()``); ``cache_bytes`` to ``perf.l2_cache_bytes(device)``.
     """
     preset = preset or get_preset()
-    device = torch.device(device) if device is not None else default_device()
+    device = default_device(device)
     widths = list(preset.gemm_widths if widths is None else widths)
     small = preset.gemm_small_width if small_width is None else small_width
     _check_widths([small, *widths])

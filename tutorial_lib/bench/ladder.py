@@ -147,7 +147,7 @@ def ladder_run(
     ``batch`` to ``parity_batch_size``, ``lr`` to ``min(preset.lr, LADDER_MAX_LR)``; the first
     ``bench_warmup`` steps (at least 1, which holds any compilation) are left out of the
     timing; ``data`` to the preset's (``preset_data``)."""
-    dev = torch.device(device) if device is not None else default_device()
+    dev = default_device(device)
     steps = steps or preset.ladder_steps
     warmup = min(max(1, preset.bench_warmup), steps - 1) if steps > 1 else 0
     cfg = preset.model_config()

@@ -77,7 +77,7 @@ def run_policy(
     device: torch.device | None = None,
 ) -> dict[str, Any]:
     """One row: the policy's step time, throughput, MFU and peak memory, or why it was skipped."""
-    device = torch.device(device) if device is not None else default_device()
+    device = default_device(device)
     row: dict[str, Any] = {
         "policy": name,
         "model": preset.model,
@@ -136,7 +136,7 @@ def benchmark_policies(
     cfg = preset.model_config()
     batch = batch or preset.bench_batch_size
     timing = timing or (preset.bench_warmup, preset.bench_iters)
-    dev = torch.device(device) if device is not None else default_device()
+    dev = default_device(device)
     names = list(policies) if policies is not None else available_policies()
     bar = tqdm(names, desc="policies", unit="policy", disable=not progress, dynamic_ncols=True)
     rows = []

@@ -87,7 +87,7 @@ def _preset_name() -> str | None:
 
 def environment_stamp(device: torch.device | str | None = None) -> dict[str, Any]:
     """Everything needed to say where a number came from: date, device, software versions."""
-    device = torch.device(device) if device is not None else default_device()
+    device = default_device(device)
     info = describe_device(device)
     cc = info.compute_capability
     return {

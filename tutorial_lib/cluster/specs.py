@@ -36,8 +36,6 @@ GB200 = DeviceSpec(
     # divided by 72 GPUs and by 2 for dense math.
     peak_flops={"tf32": 1.25e15, "bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5.0e15},
     hbm_bandwidth=8.0e12,  # 576 TB/s per rack / 72
-    hbm_capacity=186e9,  # 13.4 TB HBM3e per rack / 72 (MLPerf system files list 186 GB)
-    nvlink_bandwidth=900e9,  # NVLink 5: 130 TB/s per rack = 1.8 TB/s per GPU bidirectional
     source="NVIDIA GB200 NVL72 specifications (rack totals / 72), dense values",
 )
 

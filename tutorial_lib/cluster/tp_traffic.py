@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from .. import flops
 from ..checks import check_positive_int
-from ..hardware import SPECS, DeviceSpec
+from ..hardware import DeviceSpec
+from .specs import CLUSTERS
 
 __all__ = [
     "Link",
@@ -71,7 +72,7 @@ class Link:
 LINKS: dict[str, Link] = {
     "NVLink 4 (H100/H200 SXM)": Link(
         "NVLink 4 (H100/H200 SXM)",
-        SPECS["H100 SXM"].nvlink_bandwidth or 0.0,
+        CLUSTERS["DGX H100"].nvlink_bandwidth,
         "H100 datasheet: 900 GB/s bidirectional NVLink per GPU",
     ),
     "InfiniBand NDR (one 400 Gb/s port per GPU)": Link(

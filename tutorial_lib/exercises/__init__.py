@@ -10,10 +10,11 @@ In a notebook::
 - ``checker``: ``check``, ``ExerciseError``, ``CheckResult``, the registry (``list_exercises``,
   ``get_exercise``, ``stub``);
 - ``base``: ``Exercise`` (title, signature, task, stub, cases, reference) and tolerances;
-- ``compare``: what is wrong with a result, in a sentence;
-- ``ch01`` .. ``ch11``: one file per chapter, holding its exercises;
-- ``solutions``: worked solutions (``solution``, ``solution_source``), kept apart so that reading
-  a chapter's checker does not give the answer away.
+- ``feedback``: what is wrong with a result, in a sentence;
+- ``ch01`` .. ``ch11``: one file per chapter, holding its exercises.
+
+The worked solutions are not in the package: each chapter shows its own under the exercise,
+and the tests keep them (``tests/exercise_solutions.py``) and check that they pass.
 """
 
 from .base import Case, Exercise, Tolerance
@@ -27,7 +28,6 @@ from .checker import (
     notebook_cells,
     stub,
 )
-from .solutions import solution, solution_source
 
 __all__ = [
     "Case",
@@ -41,6 +41,4 @@ __all__ = [
     "list_exercises",
     "stub",
     "notebook_cells",
-    "solution",
-    "solution_source",
 ]

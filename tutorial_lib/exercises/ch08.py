@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..config import MODEL_SIZES, GPTConfig
 from ..flops import training_flops_per_token
 from ..hardware import SPECS, DeviceSpec
-from ..perf.mfu import mfu, tokens_per_second
+from ..perf.mfu import mfu
 from .base import Case, Exercise
 
 STUB = '''\
@@ -50,9 +50,9 @@ def _cases() -> list[Case]:
 
 
 def _reference(cfg: GPTConfig, batch_size: int, step_seconds: float, peak_flops: float) -> float:
-    tps = tokens_per_second(batch_size * cfg.block_size, step_seconds)
+    tps = batch_size * cfg.block_size / step_seconds  # tokens per second
     fpt = training_flops_per_token(cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size)
-    spec = DeviceSpec("exercise", {"peak": peak_flops}, 1.0, 1.0, None, "exercise 8.1")
+    spec = DeviceSpec("exercise", {"peak": peak_flops}, 1.0, "exercise 8.1")
     value = mfu(tps, fpt, spec, "peak")
     assert value is not None  # the spec has this peak
     return value

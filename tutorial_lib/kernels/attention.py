@@ -312,17 +312,14 @@ def _dot_precision(q: Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 or _f32_dot(q) else "tf32"
 
 
-def _blocks(T: int, D: int, block: int | None) -> tuple[int, int]:
+def _blocks(T: int, D: int) -> tuple[int, int]:
     """(BLOCK, BLOCK_D): one square tile size for queries and keys (16 at least: ``tl.dot``'s
-    minimum), 64 at most, or ``block``."""
-    if block is not None and (block < 16 or block & (block - 1)):
-        raise ValueError(f"flash_attention: block must be a power of two >= 16, got {block}.")
-    size = block or min(64, max(16, next_power_of_2(T)))
-    return size, max(16, next_power_of_2(D))
+    minimum), 64 at most."""
+    return min(64, max(16, next_power_of_2(T))), max(16, next_power_of_2(D))
 
 
 def flash_attention_forward(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool = True, *, block: int | None = None
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = True
 ) -> tuple[Tensor, Tensor]:
     """Launch the forward kernel: ``(O, L)``, O in the inputs' dtype and shape, L the float32
     logsumexp of each query row's scores, (B, H, T)."""
@@ -331,7 +328,7 @@ def flash_attention_forward(
     q, k, v = (t.contiguous() for t in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-    size, block_d = _blocks(T, D, block)
+    size, block_d = _blocks(T, D)
     attn_fwd_kernel[(cdiv(T, size), B * H)](
         q, k, v, o, lse, T, D, 1.0 / math.sqrt(D),
         CAUSAL=causal, F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
@@ -347,13 +344,11 @@ def flash_attention_backward(
     o: Tensor,
     lse: Tensor,
     causal: bool = True,
-    *,
-    block: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the backward kernels: ``(dQ, dK, dV)`` from dO, the inputs, O and L."""
     B, H, T, D = q.shape
     do = do.contiguous()
-    size, block_d = _blocks(T, D, block)
+    size, block_d = _blocks(T, D)
     delta = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     rows = B * H * T
     attn_delta_kernel[(cdiv(rows, 64),)](o, do, delta, rows, D, BLOCK=64, BLOCK_D=block_d)
@@ -373,28 +368,24 @@ def flash_attention_backward(
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, block: int | None
-    ) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
         q, k, v = (t.contiguous() for t in (q, k, v))  # once: the kernels and the backward
-        o, lse = flash_attention_forward(q, k, v, causal, block=block)
+        o, lse = flash_attention_forward(q, k, v, causal)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.block = causal, block
+        ctx.causal = causal
         return o
 
     @staticmethod
     def backward(ctx: Any, do: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(do, q, k, v, o, lse, ctx.causal, block=ctx.block)
-        return dq, dk, dv, None, None
+        dq, dk, dv = flash_attention_backward(do, q, k, v, o, lse, ctx.causal)
+        return dq, dk, dv, None
 
 
-def flash_attention(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool = True, *, block: int | None = None
-) -> Tensor:
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True) -> Tensor:
     """Exact (causal) self-attention of (B, H, T, D) ``q``, ``k``, ``v`` with softmax scale
     ``1/sqrt(D)``: ``scaled_dot_product_attention(q, k, v, is_causal=causal)``, computed tile by
     tile (module docstring). Differentiable; it keeps O and the (B, H, T) logsumexp for the
-    backward, not the (T, T) probabilities. ``block``: the query and key tile (default: up to
-    64, at least 16)."""
-    return _FlashAttention.apply(q, k, v, causal, block)
+    backward, not the (T, T) probabilities. Queries and keys come in square tiles of up to 64
+    (at least 16)."""
+    return _FlashAttention.apply(q, k, v, causal)

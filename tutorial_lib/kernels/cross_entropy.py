@@ -29,7 +29,6 @@ from .runtime import (
     cdiv,
     check_kernel_inputs,
     next_power_of_2,
-    output_buffer,
     row_tile,
     tl,
     triton,
@@ -152,8 +151,6 @@ def cross_entropy_forward(
     logits: Tensor,
     targets: Tensor,
     ignore_index: int = -100,
-    lse_out: Tensor | None = None,
-    loss_out: Tensor | None = None,
     *,
     block_v: int | None = None,
     block_m: int | None = None,
@@ -175,8 +172,8 @@ def cross_entropy_forward(
     M, V = logits.shape
     _check_targets(targets, M, V, ignore_index)
     targets = targets.contiguous()
-    lse = output_buffer(lse_out, (M,), torch.float32, logits.device, "cross_entropy lse_out")
-    losses = output_buffer(loss_out, (M,), torch.float32, logits.device, "cross_entropy loss_out")
+    lse = torch.empty(M, dtype=torch.float32, device=logits.device)
+    losses = torch.empty(M, dtype=torch.float32, device=logits.device)
     bv, bm, warps = _blocks(M, V, block_v, block_m)
     cross_entropy_fwd_kernel[(cdiv(M, bm),)](
         logits,
@@ -201,7 +198,6 @@ def cross_entropy_backward(
     targets: Tensor,
     lse: Tensor,
     ignore_index: int = -100,
-    dx_out: Tensor | None = None,
     *,
     n_valid: Tensor | None = None,
     block_v: int | None = None,
@@ -219,7 +215,7 @@ def cross_entropy_backward(
     if n_valid is None:
         n_valid = (targets != ignore_index).sum()
     scale = (grad.float() / n_valid.clamp(min=1)).reshape(1)  # stays on the device
-    dx = output_buffer(dx_out, (M, V), logits.dtype, logits.device, "cross_entropy dx_out")
+    dx = torch.empty(M, V, dtype=logits.dtype, device=logits.device)
     bv, bm, warps = _blocks(M, V, block_v, block_m)
     cross_entropy_bwd_kernel[(cdiv(M, bm),)](
         logits,

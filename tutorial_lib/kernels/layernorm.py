@@ -15,8 +15,8 @@ need not recompute them. With ``g = dy * weight``, the backward is::
 
 ``dx`` is per row, but ``dweight`` and ``dbias`` are sums over *all* M rows: a reduction across
 programs. Each program accumulates its rows into float32 registers and writes one row of
-partial sums to a (P, N) buffer; a second kernel then adds the P partial rows column by column.
-No atomics, so the result is deterministic.
+partial sums to a (P, N) buffer; ``part.sum(0)`` then adds the P partial rows column by column,
+as in ``bias_gelu.py``. No atomics, so the result is deterministic.
 
 ``add_layer_norm`` fuses the residual add of a pre-norm transformer block into the same pass:
 ``s = x + residual`` (the new residual stream, returned) and ``y = LayerNorm(s)``. One kernel
@@ -37,8 +37,6 @@ from .runtime import (
     cdiv,
     check_kernel_inputs,
     max_programs,
-    next_power_of_2,
-    output_buffer,
     row_block,
     row_tile,
     tl,
@@ -164,28 +162,6 @@ def layer_norm_bwd_kernel(
         tl.store(db_part_ptr + pid * N + cols, db_acc, mask=col_ok)
 
 
-@triton.jit
-def sum_partials_kernel(part_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Stage two of the reduction: this program owns BLOCK_N columns and adds up all P rows.
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_P, BLOCK_N), tl.float32)
-    for p0 in range(0, P, BLOCK_P):
-        ps = p0 + tl.arange(0, BLOCK_P)
-        mask = (ps[:, None] < P) & (cols[None, :] < N)
-        acc += tl.load(part_ptr + ps[:, None] * N + cols[None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < N)
-
-
-def sum_partials(partials: Tensor, dtype: torch.dtype) -> Tensor:
-    """Column sums of a float32 (P, N) buffer of partial sums, returned in ``dtype``."""
-    P, N = partials.shape
-    out = torch.empty(N, dtype=dtype, device=partials.device)
-    block_n = min(next_power_of_2(N), 256)
-    block_p = min(next_power_of_2(P), 32)
-    sum_partials_kernel[(cdiv(N, block_n),)](partials, out, P, N, BLOCK_P=block_p, BLOCK_N=block_n)
-    return out
-
-
 def _checked_params(
     N: int, weight: Tensor | None, bias: Tensor | None, name: str
 ) -> tuple[Tensor | None, Tensor | None]:
@@ -204,10 +180,7 @@ def _forward(
     weight: Tensor | None,
     bias: Tensor | None,
     eps: float,
-    out: Tensor | None,
-    s_out: Tensor | None,
     block_m: int | None,
-    max_block_n: int | None,
     name: str,
 ) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
     """Shared launcher: ``(s or None, y, mean, rstd)``; one tile per row, or chunks if wider."""
@@ -215,17 +188,15 @@ def _forward(
     x2 = as_rows(x)
     M, N = x2.shape
     weight, bias = _checked_params(N, weight, bias, name)
-    block_n, chunked = row_block(N, max_block_n)
+    block_n, chunked = row_block(N)
     tile = row_tile(M, block_n, block_m)
     s = r2 = None
     if residual is not None:
         if residual.shape != x.shape:
             raise ValueError(f"{name}: residual {tuple(residual.shape)} != x {tuple(x.shape)}")
         r2 = as_rows(residual)
-        s_dtype = torch.result_type(x, residual)
-        s = output_buffer(s_out, x.shape, s_dtype, x.device, f"{name} s_out")
-    y_dtype = s.dtype if s is not None else x.dtype
-    y = output_buffer(out, x.shape, y_dtype, x.device, f"{name} out")
+        s = torch.empty(x.shape, dtype=torch.result_type(x, residual), device=x.device)
+    y = torch.empty(x.shape, dtype=s.dtype if s is not None else x.dtype, device=x.device)
     mean = torch.empty(M, dtype=torch.float32, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     dummy = x2  # stands in for absent tensors; the constexpr flags keep it from being touched
@@ -257,20 +228,16 @@ def layer_norm_forward(
     weight: Tensor | None,
     bias: Tensor | None,
     eps: float = 1e-5,
-    out: Tensor | None = None,
     *,
     block_m: int | None = None,
-    max_block_n: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the forward kernel on ``x`` (..., N): ``(y, mean, rstd)``, mean/rstd float32 (M,).
 
     ``y`` has ``x``'s dtype; ``weight`` and ``bias`` (N,) may have another (under autocast they
     are float32 parameters while ``x`` is bfloat16), or be None (1 and 0). Rows wider than
-    ``max_block_n`` (default ``runtime.MAX_ROW_BLOCK``) run the two-pass chunked kernel.
+    ``runtime.MAX_ROW_BLOCK`` run the two-pass chunked kernel.
     """
-    _, y, mean, rstd = _forward(
-        x, None, weight, bias, eps, out, None, block_m, max_block_n, "layer_norm"
-    )
+    _, y, mean, rstd = _forward(x, None, weight, bias, eps, block_m, "layer_norm")
     return y, mean, rstd
 
 
@@ -280,17 +247,12 @@ def add_layer_norm_forward(
     weight: Tensor | None,
     bias: Tensor | None,
     eps: float = 1e-5,
-    out: Tensor | None = None,
-    s_out: Tensor | None = None,
     *,
     block_m: int | None = None,
-    max_block_n: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Launch the fused kernel: ``(s, y, mean, rstd)`` with ``s = x + residual`` in
     ``torch.result_type(x, residual)`` and ``y = LayerNorm(s)`` in the same dtype."""
-    s, y, mean, rstd = _forward(
-        x, residual, weight, bias, eps, out, s_out, block_m, max_block_n, "add_layer_norm"
-    )
+    s, y, mean, rstd = _forward(x, residual, weight, bias, eps, block_m, "add_layer_norm")
     assert s is not None
     return s, y, mean, rstd
 
@@ -305,10 +267,8 @@ def layer_norm_backward(
     bias: Tensor | None = None,
     weight_grads: bool = True,
     ds: Tensor | None = None,
-    dx_out: Tensor | None = None,
     block_m: int | None = None,
     num_programs: int | None = None,
-    max_block_n: int | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Launch the backward kernels: ``(dx, dweight, dbias)``.
 
@@ -316,9 +276,9 @@ def layer_norm_backward(
     passed only for that and for its dtype), both when ``weight_grads`` is False. Weight grads
     come back in the parameters' dtypes. ``ds`` (same shape as ``x``) is gradient that reached
     ``x`` by another path and is added to ``dx`` in the same pass (``add_layer_norm``). ``dx``
-    has ``x``'s dtype unless ``dx_out`` says otherwise. ``block_m`` and ``num_programs`` override
-    the tiling, so tests can force several row tiles per program and ragged tails; rows wider
-    than ``max_block_n`` (default ``runtime.MAX_ROW_BLOCK``) take the two-pass chunked kernels.
+    has ``x``'s dtype. ``block_m`` and ``num_programs`` override the tiling, so tests can force
+    several row tiles per program and ragged tails; rows wider than ``runtime.MAX_ROW_BLOCK``
+    take the two-pass chunked kernels. The (P, N) partial sums are added up by ``part.sum(0)``.
     """
     check_kernel_inputs(dy, x, weight, ds, name="layer_norm backward")
     x2, dy2 = as_rows(x), as_rows(dy)
@@ -326,11 +286,10 @@ def layer_norm_backward(
     if dy.shape != x.shape or (ds is not None and ds.shape != x.shape):
         raise ValueError("layer_norm backward: dy (and ds) must have x's shape")
     weight, _ = _checked_params(N, weight, None, "layer_norm backward")
-    block_n, chunked = row_block(N, max_block_n)
+    block_n, chunked = row_block(N)
     tile = row_tile(M, block_n, block_m)
     grid = min(cdiv(M, tile.block_m), num_programs or max_programs(x.device))
-    dx_dtype = dx_out.dtype if dx_out is not None else x.dtype  # any kernel dtype is fine
-    dx = output_buffer(dx_out, x.shape, dx_dtype, x.device, "layer_norm dx_out")
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     wanted = weight_grads and (weight is not None or bias is not None)
     part_w = torch.empty(grid, N, device=x.device) if wanted else x2
     part_b = torch.empty(grid, N, device=x.device) if wanted else x2
@@ -350,8 +309,8 @@ def layer_norm_backward(
         layer_norm_bwd_kernel[(grid,)](
             dy2, x2, w2, mean, rstd, ds2, dx, part_w, part_b, M, N, **flags
         )
-    dw = sum_partials(part_w, weight.dtype) if wanted and weight is not None else None
-    db = sum_partials(part_b, bias.dtype) if wanted and bias is not None else None
+    dw = part_w.sum(0).to(weight.dtype) if wanted and weight is not None else None
+    db = part_b.sum(0).to(bias.dtype) if wanted and bias is not None else None
     return dx, dw, db
 
 

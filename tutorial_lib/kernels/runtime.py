@@ -98,8 +98,9 @@ except Exception as exc:  # ImportError, or a broken install raising something e
     tl = None
     _TRITON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-# The widest row a row-wise kernel (LayerNorm, softmax) holds as one tile. Wider rows are walked
-# in chunks of this many columns, in two passes (``wide_rows.py``). Why 4096: it is the tile that
+# The widest row a row-wise kernel (LayerNorm, softmax) holds as one tile. Wider LayerNorm rows
+# are walked in chunks of this many columns, in two passes (``wide_rows.py``); softmax refuses
+# them (the book's softmax rows are at most 2048 wide). Why 4096: it is the tile that
 # `row_tile` aims for anyway (8 warps, 16 float32 values per thread per live tile, as at GPT-2's
 # width), and every width of ``MODEL_SIZES`` (n_embd <= 4096, context <= 2048) stays one tile.
 # A whole-row tile of 65536 float32 values would be 256 KB, an SM's entire register file.
@@ -180,34 +181,6 @@ def check_kernel_inputs(*tensors: torch.Tensor | None, name: str) -> None:
         )
 
 
-def output_buffer(
-    out: torch.Tensor | None,
-    shape: tuple[int, ...] | torch.Size,
-    dtype: torch.dtype,
-    device: torch.device,
-    what: str,
-) -> torch.Tensor:
-    """Return ``out`` after checking it can receive the result, or a fresh empty tensor.
-
-    Launchers take optional preallocated outputs (``out=``, ``dx_out=``, ...) so a caller can
-    reuse memory, and so tests can pass NaN-filled buffers to prove every element is written.
-    """
-    if out is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    problems = []
-    if tuple(out.shape) != tuple(shape):
-        problems.append(f"shape {tuple(out.shape)} (need {tuple(shape)})")
-    if out.dtype != dtype:
-        problems.append(f"dtype {out.dtype} (need {dtype})")
-    if out.device != device:
-        problems.append(f"device {out.device} (need {device})")
-    if not out.is_contiguous():
-        problems.append("non-contiguous layout (pass a contiguous tensor)")
-    if problems:
-        raise ValueError(f"{what}: the preallocated output has " + ", ".join(problems))
-    return out
-
-
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """View ``x`` (..., N) as a contiguous (M, N) matrix of rows (copying only if needed)."""
     if x.dim() == 0:
@@ -225,19 +198,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def row_block(n: int, max_block_n: int | None = None) -> tuple[int, bool]:
+def row_block(n: int) -> tuple[int, bool]:
     """``(BLOCK_N, chunked)`` for a kernel that needs whole rows of ``n`` values.
 
-    Rows of at most ``max_block_n`` (default ``MAX_ROW_BLOCK``) values are one tile of
-    ``next_power_of_2(n)`` columns, read once (``chunked`` False). Wider rows are walked in chunks
-    of ``max_block_n`` columns, one pass for the row statistics and one to write the result
-    (``chunked`` True). ``max_block_n`` must be a power of two; tests lower it to force chunks.
+    Rows of at most ``MAX_ROW_BLOCK`` values are one tile of ``next_power_of_2(n)`` columns, read
+    once (``chunked`` False). Wider rows are walked in chunks of ``MAX_ROW_BLOCK`` columns, one
+    pass for the row statistics and one to write the result (``chunked`` True). The cap is read
+    at every call: tests lower it (to a power of two) to force chunks at small widths.
     """
-    cap = MAX_ROW_BLOCK if max_block_n is None else max_block_n
-    if cap < 1 or cap != next_power_of_2(cap):
-        raise ValueError(f"max_block_n must be a power of two, got {max_block_n}")
     block_n = next_power_of_2(n)
-    return (block_n, False) if block_n <= cap else (cap, True)
+    return (block_n, False) if block_n <= MAX_ROW_BLOCK else (MAX_ROW_BLOCK, True)
 
 
 @dataclass(frozen=True)

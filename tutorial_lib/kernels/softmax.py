@@ -1,5 +1,4 @@
-"""Row softmax over the last dimension, forward and backward: one tile per row up to 4096 values,
-two chunked passes above (``wide_rows``).
+"""Row softmax over the last dimension, forward and backward: one tile per row, up to 4096 values.
 
 Numerically stable: subtract the row maximum before ``exp`` so the largest exponent is
 ``exp(0) = 1`` and nothing overflows (``softmax(x) == softmax(x - c)`` for any ``c``)::
@@ -10,13 +9,12 @@ The backward needs only ``y`` (saved by the forward) and ``dy``::
 
     dx = y * (dy - sum(dy * y))
 
-Up to ``runtime.MAX_ROW_BLOCK`` (4096) values, each program loads whole rows as one tile
-(``BLOCK_N >= N``), so the forward reads ``x`` once and writes ``y`` once: the minimum traffic,
-with the row in registers. A wider row as one tile would not fit in registers (65536 float32
-values are 256 KB, a whole SM's register file) and the compiler would spill it to local memory;
-such rows go through ``wide_rows.py`` instead, which loops over the row in chunks with an
-*online* max and sum, as ``cross_entropy.py`` does over the vocabulary, then writes in a second
-pass.
+Each program loads whole rows as one tile (``BLOCK_N >= N``), so the forward reads ``x`` once
+and writes ``y`` once: the minimum traffic, with the row in registers. Rows are limited to
+``runtime.MAX_ROW_BLOCK`` (4096) values: a wider row as one tile would not fit in registers
+(65536 float32 values are 256 KB, a whole SM's register file) and the compiler would spill it to
+local memory. The book's softmax rows (attention scores over a context of at most 2048 tokens)
+all fit; LayerNorm, which meets wider rows, walks them in chunks (``wide_rows.py``).
 """
 
 from __future__ import annotations
@@ -25,17 +23,8 @@ from typing import Any
 
 import torch
 
-from .runtime import (
-    as_rows,
-    cdiv,
-    check_kernel_inputs,
-    output_buffer,
-    row_block,
-    row_tile,
-    tl,
-    triton,
-)
-from .wide_rows import softmax_bwd_chunked_kernel, softmax_fwd_chunked_kernel
+from . import runtime
+from .runtime import as_rows, cdiv, check_kernel_inputs, next_power_of_2, row_tile, tl, triton
 
 Tensor = torch.Tensor
 
@@ -83,50 +72,40 @@ def softmax_bwd_kernel(
     tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)  # write dx
 
 
-def softmax_forward(
-    x: Tensor,
-    out: Tensor | None = None,
-    *,
-    block_m: int | None = None,
-    max_block_n: int | None = None,
-) -> Tensor:
-    """Launch the forward kernel: softmax of ``x`` (..., N) over its last dim, in ``x.dtype``.
+def _block_n(N: int, name: str) -> int:
+    """One tile per row: refuse rows wider than ``runtime.MAX_ROW_BLOCK`` (they would spill)."""
+    if N > runtime.MAX_ROW_BLOCK:
+        raise ValueError(
+            f"{name}: rows of at most {runtime.MAX_ROW_BLOCK} values fit one tile, got {N}"
+        )
+    return next_power_of_2(N)
 
-    Rows wider than ``max_block_n`` (default ``runtime.MAX_ROW_BLOCK``) take the two-pass
-    chunked kernel."""
+
+def softmax_forward(x: Tensor, *, block_m: int | None = None) -> Tensor:
+    """Launch the forward kernel: softmax of ``x`` (..., N) over its last dim, in ``x.dtype``."""
     check_kernel_inputs(x, name="softmax")
     x2 = as_rows(x)
     M, N = x2.shape
-    block_n, chunked = row_block(N, max_block_n)
-    y = output_buffer(out, x.shape, x.dtype, x.device, "softmax out")
+    block_n = _block_n(N, "softmax")
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     tile = row_tile(M, block_n, block_m)
-    kernel = softmax_fwd_chunked_kernel if chunked else softmax_fwd_kernel
-    kernel[(cdiv(M, tile.block_m),)](
+    softmax_fwd_kernel[(cdiv(M, tile.block_m),)](
         x2, y, M, N, BLOCK_M=tile.block_m, BLOCK_N=block_n, num_warps=tile.num_warps
     )
     return y
 
 
-def softmax_backward(
-    dy: Tensor,
-    y: Tensor,
-    dx_out: Tensor | None = None,
-    *,
-    block_m: int | None = None,
-    max_block_n: int | None = None,
-) -> Tensor:
-    """Launch the backward kernel: ``dx = y * (dy - sum(dy * y))`` per row, in ``y.dtype``
-    (two passes over rows wider than ``max_block_n``, as in the forward)."""
+def softmax_backward(dy: Tensor, y: Tensor, *, block_m: int | None = None) -> Tensor:
+    """Launch the backward kernel: ``dx = y * (dy - sum(dy * y))`` per row, in ``y.dtype``."""
     check_kernel_inputs(dy, y, name="softmax backward")
     if dy.shape != y.shape:
         raise ValueError(f"softmax backward: dy {tuple(dy.shape)} != y {tuple(y.shape)}")
     y2, dy2 = as_rows(y), as_rows(dy)
     M, N = y2.shape
-    block_n, chunked = row_block(N, max_block_n)
-    dx = output_buffer(dx_out, y.shape, y.dtype, y.device, "softmax dx_out")
+    block_n = _block_n(N, "softmax backward")
+    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     tile = row_tile(M, block_n, block_m)
-    kernel = softmax_bwd_chunked_kernel if chunked else softmax_bwd_kernel
-    kernel[(cdiv(M, tile.block_m),)](
+    softmax_bwd_kernel[(cdiv(M, tile.block_m),)](
         dy2, y2, dx, M, N, BLOCK_M=tile.block_m, BLOCK_N=block_n, num_warps=tile.num_warps
     )
     return dx
@@ -150,7 +129,7 @@ class SoftmaxFunction(torch.autograd.Function):
 def softmax(x: Tensor) -> Tensor:
     """``torch.softmax(x, dim=-1)`` on the Triton kernels, differentiable; returns ``x.dtype``.
 
-    ``x`` is (..., N) in float32, bfloat16 or float16, with any N (rows wider than 4096 values
-    are processed in chunks, in two passes).
+    ``x`` is (..., N) in float32, bfloat16 or float16, with N up to ``runtime.MAX_ROW_BLOCK``
+    (4096).
     """
     return SoftmaxFunction.apply(x)

@@ -19,8 +19,6 @@ Counting assumptions (the same for every function below):
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
 F32, I64 = torch.float32, torch.int64
@@ -102,24 +100,3 @@ def cross_entropy_unfused_bytes(M: int, V: int, dtype: torch.dtype, backward: bo
         return copy + _total((2 * M * V, F32), (M, I64), (M, F32))
     cast_back = _total((M * V, F32), (M * V, dtype)) if cast else 0
     return _total((M, I64), (M * V, F32), (3 * M * V, F32)) + cast_back
-
-
-def achieved_bandwidth(nbytes: float, seconds: float) -> float:
-    """Bytes per second for ``nbytes`` moved in ``seconds``."""
-    if seconds <= 0:
-        raise ValueError(f"seconds must be positive, got {seconds}; time at least one launch")
-    return nbytes / seconds
-
-
-class _HasBandwidth(Protocol):
-    # A read-only property, so that frozen dataclasses such as DeviceSpec match.
-    @property
-    def hbm_bandwidth(self) -> float: ...  # bytes/s, e.g. tutorial_lib.hardware.DeviceSpec
-
-
-def bandwidth_fraction(nbytes: float, seconds: float, spec: _HasBandwidth | None) -> float | None:
-    """Achieved bandwidth as a fraction of the datasheet HBM bandwidth of ``spec``
-    (a :class:`tutorial_lib.hardware.DeviceSpec`), or None when the device has no spec."""
-    if spec is None:
-        return None
-    return achieved_bandwidth(nbytes, seconds) / spec.hbm_bandwidth

@@ -1,8 +1,8 @@
-"""Row-wise kernels for rows wider than one tile: walk the row in chunks, in two passes.
+"""LayerNorm for rows wider than one tile: walk the row in chunks, in two passes.
 
-LayerNorm and softmax need a whole row's statistics before they can write any element of it. Up
-to ``runtime.MAX_ROW_BLOCK`` (4096) values, a program loads whole rows as one tile, keeps them in
-registers and reads them once (``layernorm.py``, ``softmax.py``). A wider row as one tile would
+LayerNorm needs a whole row's statistics before it can write any element of it. Up to
+``runtime.MAX_ROW_BLOCK`` (4096) values, a program loads whole rows as one tile, keeps them in
+registers and reads them once (``layernorm.py``). A wider row as one tile would
 not fit: 65536 float32 values are 256 KB, the whole register file of a Hopper SM (64K 32-bit
 registers), and one thread may use at most 255 registers. The compiler would spill the excess to
 local memory (per-thread storage in device memory, cached in L1 and L2), and every spilled value
@@ -17,9 +17,6 @@ columns live at a time:
   first kernel computes them per row (pass 1). A second kernel, one program per (row tiles,
   column chunk), then writes ``dx`` for its chunk and accumulates that chunk's weight-gradient
   partial sums, exactly as the one-tile kernel does for whole rows (pass 2).
-* **Softmax forward.** Pass 1 is an online max and sum of ``exp(x - max)``, as in
-  ``cross_entropy.py``; pass 2 writes ``exp(x - max) / sum``. **Backward**: pass 1 sums
-  ``dy * y``, pass 2 writes ``y * (dy - sum)``.
 
 Each pass reads the row again: a wide row costs one more read of its inputs than the one-tile
 kernels' minimum traffic, which is the price of never spilling.
@@ -197,66 +194,6 @@ def layer_norm_bwd_chunked_kernel(
         part = pid.to(tl.int64) * N + cols
         tl.store(dw_part_ptr + part, dw_acc, mask=col_ok)
         tl.store(db_part_ptr + part, db_acc, mask=col_ok)
-
-
-@triton.jit
-def softmax_fwd_chunked_kernel(x_ptr, y_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Same arguments as softmax_fwd_kernel, but N > BLOCK_N: the row comes in chunks.
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    # Rows past the end re-read row M - 1 (never stored), as in the one-tile kernel.
-    row_start = tl.minimum(rows, M - 1).to(tl.int64) * N
-    m = tl.full((BLOCK_M,), -float("inf"), tl.float32)  # running max per row
-    s = tl.zeros((BLOCK_M,), tl.float32)  # running sum of exp(x - m)
-    for c0 in range(0, N, BLOCK_N):  # pass 1: online max and sum
-        cols = c0 + tl.arange(0, BLOCK_N)
-        x = tl.load(
-            x_ptr + row_start[:, None] + cols[None, :], mask=cols[None, :] < N, other=-float("inf")
-        ).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=1))
-        # A chunk of only -inf (masked positions) leaves m at -inf: shift by 0 then, not by -inf,
-        # so that exp(-inf - -inf) = NaN never appears; exp(-inf) = 0 adds nothing.
-        shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
-        m = m_new
-    for c0 in range(0, N, BLOCK_N):  # pass 2: exp(x - m) / s, written once
-        cols = c0 + tl.arange(0, BLOCK_N)
-        offsets = row_start[:, None] + cols[None, :]
-        x = tl.load(x_ptr + offsets, mask=cols[None, :] < N, other=-float("inf")).to(tl.float32)
-        y = tl.exp(x - m[:, None]) / s[:, None]  # a row of only -inf gives NaN, as in torch
-        mask = row_ok[:, None] & (cols[None, :] < N)
-        tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def softmax_bwd_chunked_kernel(
-    dy_ptr,
-    y_ptr,
-    dx_ptr,
-    M,
-    N,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    # Same arguments as softmax_bwd_kernel: pass 1 sums dy * y, pass 2 writes dx.
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    row_start = rows.to(tl.int64) * N
-    dot = tl.zeros((BLOCK_M,), tl.float32)
-    for c0 in range(0, N, BLOCK_N):
-        cols = c0 + tl.arange(0, BLOCK_N)
-        mask = row_ok[:, None] & (cols[None, :] < N)
-        offsets = row_start[:, None] + cols[None, :]
-        y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        dot += tl.sum(dy * y, axis=1)
-    for c0 in range(0, N, BLOCK_N):
-        cols = c0 + tl.arange(0, BLOCK_N)
-        mask = row_ok[:, None] & (cols[None, :] < N)
-        offsets = row_start[:, None] + cols[None, :]
-        y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + offsets, (y * (dy - dot[:, None])).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def layer_norm_backward_chunked(

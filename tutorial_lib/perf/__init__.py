@@ -5,17 +5,16 @@ This package sits *below* the trainer (``train`` uses its timing, MFU and memory
 imports nothing that trains. The benchmarks that build and train models, and the
 recorded-results format they write, are one level up in ``tutorial_lib.bench``."""
 
-from .flop_counter import count_flops, flops_by_op, train_step_flops
+from .flop_counter import flops_by_op, train_step_flops
 from .measured import NOISE, GemmRates, compare_times, measure_gemm_rates, on_this_device
 from .memory import (
     MemoryReport,
-    TensorMemoryTracker,
     memory_report,
     peak_memory_bytes,
     reset_peak_memory,
     tensor_peak_bytes,
 )
-from .mfu import format_mfu, mfu, tokens_per_second
+from .mfu import format_mfu, mfu
 from .profiler import OpStat, format_op_table, profile_top_ops
 from .roofline import (
     Op,
@@ -37,8 +36,6 @@ from .timing import (
     synchronize,
 )
 from .trace import (
-    PHASES,
-    TraceEvent,
     load_trace,
     phase,
     plot_timeline,
@@ -48,8 +45,6 @@ from .trace import (
 
 __all__ = [
     # traces
-    "PHASES",
-    "TraceEvent",
     "load_trace",
     "phase",
     "plot_timeline",
@@ -69,8 +64,7 @@ __all__ = [
     "compare_times",
     "on_this_device",
     "NOISE",
-    # throughput and MFU
-    "tokens_per_second",
+    # MFU
     "mfu",
     "format_mfu",
     # memory
@@ -79,9 +73,7 @@ __all__ = [
     "MemoryReport",
     "memory_report",
     "tensor_peak_bytes",
-    "TensorMemoryTracker",
     # FLOP counting
-    "count_flops",
     "flops_by_op",
     "train_step_flops",
     # roofline

@@ -8,7 +8,7 @@ softmax and reductions count as zero, exactly like the "model FLOPs" of MFU.
 Two facts about attention that the counts below depend on:
     - On the CPU, ``scaled_dot_product_attention`` runs ``_scaled_dot_product_flash_attention_
       for_cpu``, which torch 2.13's counter has no formula for: it would count attention as 0.
-      ``count_flops`` adds the same formulas torch uses for the CUDA flash/efficient kernels.
+      ``flops_by_op`` adds the same formulas torch uses for the CUDA flash/efficient kernels.
     - Those formulas count a flash backward as 5 matmuls (it *recomputes* Q K^T), so one
       layer's forward + backward attention counts 14 B nh T^2 hs, not 3 x 4 = 12. The extra
       2 B T^2 C per layer is recomputation: hardware FLOPs, not model FLOPs.
@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["count_flops", "flops_by_op", "train_step_flops"]
+__all__ = ["flops_by_op", "train_step_flops"]
 
 
 def _sdpa_forward_flops(
@@ -63,21 +63,10 @@ def _cpu_attention_mapping() -> dict[Any, Callable[..., int]]:
     }
 
 
-def _counter() -> FlopCounterMode:
-    return FlopCounterMode(display=False, custom_mapping=_cpu_attention_mapping())
-
-
-def count_flops(fn: Callable[[], object]) -> int:
-    """FLOPs that ``FlopCounterMode`` counts while running ``fn()`` once (any backend)."""
-    counter = _counter()
-    with counter:
-        fn()
-    return int(counter.get_total_flops())
-
-
 def flops_by_op(fn: Callable[[], object]) -> dict[str, int]:
-    """FLOPs per aten op (e.g. ``"aten.mm"``) while running ``fn()`` once; zero-count ops omitted."""
-    counter = _counter()
+    """FLOPs per aten op (e.g. ``"aten.mm"``) while running ``fn()`` once; zero-count ops omitted.
+    Their sum is the total ``FlopCounterMode`` counts (any attention backend)."""
+    counter = FlopCounterMode(display=False, custom_mapping=_cpu_attention_mapping())
     with counter:
         fn()
     return {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items() if n}
@@ -92,10 +81,6 @@ def train_step_flops(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor)
     """
     try:
         with sdpa_kernel(SDPBackend.MATH):
-            counter = _counter()
-            with counter:
-                _, loss = model(idx, targets)
-                loss.backward()
+            return sum(flops_by_op(lambda: model(idx, targets)[1].backward()).values())
     finally:
         model.zero_grad(set_to_none=True)
-    return int(counter.get_total_flops())

@@ -1,6 +1,6 @@
 """Statements about speed that come from a measurement on the machine in front of the reader.
 
-The book never asserts how fast BF16 or FP8 is on "a CPU": CPUs differ (one without BF16 matrix
+The book never asserts how fast BF16 is on "a CPU": CPUs differ (one without BF16 matrix
 instructions runs BF16 GEMMs tens of times slower than FP32; one with AMX runs them several
 times faster). A chapter measures, then prints what it measured with these helpers:
 
@@ -11,18 +11,20 @@ times faster). A chapter measures, then prints what it measured with these helpe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ..hardware import default_device, describe_device, fp8_gemm_status
+from ..hardware import default_device, describe_device
 from .timing import benchmark
 
 __all__ = ["GemmRates", "compare_times", "measure_gemm_rates", "on_this_device", "NOISE"]
 
 NOISE = 0.10  # below a 10% difference, one short measurement cannot tell two speeds apart
-_LABELS = {"fp32": "FP32", "bf16": "BF16", "fp8": "FP8"}
+_LABELS = {"fp32": "FP32", "bf16": "BF16"}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def compare_times(
@@ -42,11 +44,11 @@ def compare_times(
 
 @dataclass(frozen=True)
 class GemmRates:
-    """Measured n x n x n GEMM times per math (``"fp32"``, ``"bf16"``, ``"fp8"``) on one device.
+    """Measured n x n x n GEMM times per math (``"fp32"``, ``"bf16"``) on one device.
 
     ``where`` names the device and what was detected about it, e.g. "on this CPU (AMD EPYC;
     BF16 matrix instructions: none detected)"; ``paths`` says how each math ran
-    ("torch._scaled_mm on FP8 tensor cores", "emulation: FP8 widened to FP32, ...", ...).
+    ("bfloat16 matmul").
     """
 
     n: int
@@ -81,31 +83,6 @@ def on_this_device(device: torch.device | str | None = None) -> str:
     return f"on this GPU ({info.name})"
 
 
-def _gemm_call(math: str, n: int, device: torch.device) -> tuple[Callable[[], torch.Tensor], str]:
-    """A zero-argument GEMM of ``math`` on fresh random operands, and how it runs here."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    a, b = (torch.randn(n, n, generator=gen, device=device) for _ in range(2))
-    if math == "fp32":
-        return (lambda: a @ b), "float32 matmul"
-    if math == "bf16":
-        a16, b16 = a.bfloat16(), b.bfloat16()
-        return (lambda: a16 @ b16), "bfloat16 matmul"
-    if math == "fp8":
-        from ..fp8.formats import E4M3, quantize
-        from ..fp8.gemm import emulated_gemm, scaled_gemm
-
-        one = torch.ones((), device=device)
-        a8, b8 = quantize(a, E4M3, one), quantize(b, E4M3, one).t().contiguous().t()
-        if fp8_gemm_status(device)[0] and n % 16 == 0:  # _scaled_mm's shape rule
-            return (lambda: scaled_gemm(a8, one, b8, one, None, torch.bfloat16)), (
-                "torch._scaled_mm on FP8 tensor cores"
-            )
-        return (lambda: emulated_gemm(a8, one, b8, one, None, torch.bfloat16)), (
-            "emulation: FP8 widened to FP32, FP32 matmul, scales after"
-        )
-    raise ValueError(f"unknown math {math!r}; choose from {sorted(_LABELS)}")
-
-
 def measure_gemm_rates(
     n: int = 512,
     maths: Sequence[str] = ("fp32", "bf16"),
@@ -113,13 +90,18 @@ def measure_gemm_rates(
     iters: int = 3,
 ) -> GemmRates:
     """Time an n x n x n GEMM in each of ``maths`` on ``device`` (median of ``iters`` after one
-    warm-up; operands made and, for FP8, quantized before timing)."""
+    warm-up; operands made before timing)."""
     if n < 1 or iters < 1:
         raise ValueError(f"need n >= 1 and iters >= 1, got n={n}, iters={iters}")
-    device = torch.device(device) if device is not None else default_device()
+    device = default_device(device)
     seconds: dict[str, float] = {}
     paths: dict[str, str] = {}
+    gen = torch.Generator(device=device).manual_seed(0)
     for math in maths:
-        call, paths[math] = _gemm_call(math, n, device)
-        seconds[math] = benchmark(call, warmup=1, iters=iters, device=device).median
+        if math not in _DTYPES:
+            raise ValueError(f"unknown math {math!r}; choose from {sorted(_DTYPES)}")
+        a, b = (torch.randn(n, n, generator=gen, device=device).to(_DTYPES[math]) for _ in range(2))
+        gemm = functools.partial(torch.matmul, a, b)
+        seconds[math] = benchmark(gemm, warmup=1, iters=iters, device=device).median
+        paths[math] = f"{str(_DTYPES[math]).removeprefix('torch.')} matmul"
     return GemmRates(n=n, seconds=seconds, paths=paths, where=on_this_device(device))

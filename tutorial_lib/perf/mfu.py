@@ -10,13 +10,7 @@ from __future__ import annotations
 
 from ..hardware import DeviceSpec
 
-__all__ = ["tokens_per_second", "mfu", "format_mfu"]
-
-
-def tokens_per_second(tokens: int, seconds: float) -> float:
-    if seconds <= 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}.")
-    return tokens / seconds
+__all__ = ["mfu", "format_mfu"]
 
 
 def mfu(

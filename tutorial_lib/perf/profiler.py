@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from ..hardware import default_device
+
 __all__ = ["OpStat", "profile_top_ops", "format_op_table"]
 
 
@@ -26,7 +28,7 @@ def profile_top_ops(
 
     On CUDA the kernels' device time is used; on the CPU, the host time.
     """
-    use_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    use_cuda = default_device(device).type == "cuda"
     for _ in range(warmup):
         fn()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])

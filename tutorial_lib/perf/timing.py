@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..checks import check_positive_int
+from ..hardware import default_device
 
 __all__ = [
     "BenchResult",
@@ -73,10 +74,6 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def _default_device(device: torch.device | str | None) -> torch.device:
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
 def _call_plan(
     fn: Callable[..., object], inputs: Sequence[tuple] | None, warmup: int, iters: int
 ) -> tuple[list[Callable[[], object]], list[Callable[[], object]]]:
@@ -119,7 +116,7 @@ def benchmark(
     """
     if iters < 1 or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}.")
-    device = _default_device(device)
+    device = default_device(device)
     warm_calls, timed_calls = _call_plan(fn, inputs, warmup, iters)
     for call in warm_calls:
         call()
@@ -176,7 +173,7 @@ def l2_cache_bytes(device: torch.device | str | None = None) -> int | None:
     CUDA: the GPU's L2 (``L2_cache_size``; 50 MiB on an H100 SXM). CPU: the largest cache
     level in sysfs (usually the shared L3, despite the name); None if it cannot be read.
     """
-    device = _default_device(device)
+    device = default_device(device)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return int(torch.cuda.get_device_properties(index).L2_cache_size)

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from ..hardware import default_device
+
 __all__ = [
     "PHASES",
     "TraceEvent",
@@ -78,7 +80,7 @@ def record_trace(
 ) -> Path:
     """``fn()`` ``warmup`` times, then ``steps`` times under the profiler; the Chrome trace is
     written to ``path`` (its folder is created)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = default_device(device)
     for _ in range(warmup):
         fn()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
