@@ -135,9 +135,9 @@ def test_recipe_mirrors_te_names_and_defaults() -> None:
         "max",
     )
     assert (r.reduce_amax, r.fp8_dpa, r.fp8_mha) == (True, False, False)
-    assert (r.fwd_format, r.bwd_format) == (E4M3, E5M2)
+    assert (r.fp8_format.fwd, r.fp8_format.bwd) == (E4M3, E5M2)
     e4m3 = DelayedScaling(fp8_format=Format.E4M3)
-    assert (e4m3.fwd_format, e4m3.bwd_format) == (E4M3, E4M3)
+    assert (e4m3.fp8_format.fwd, e4m3.fp8_format.bwd) == (E4M3, E4M3)
     assert (Format.HYBRID.fwd.max, Format.HYBRID.bwd.max) == (448, 57344)
     assert repr(Format.HYBRID) == "Format.HYBRID"
     assert DelayedScaling(amax_compute_algo=min_algo).amax_compute_algo is min_algo

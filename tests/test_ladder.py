@@ -29,7 +29,7 @@ from tutorial_lib.bench.ladder import (
     run_ladder,
     rung_changes,
 )
-from tutorial_lib.bench.ladder_plots import plot_ladder, plot_ladder_losses
+from tutorial_lib.bench.plots import plot_ladder, plot_ladder_losses
 from tutorial_lib.build import ModelRecipe
 from tutorial_lib.config import PRESETS, GPTConfigOverrides
 from tutorial_lib.data import TokenData

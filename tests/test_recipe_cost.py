@@ -18,11 +18,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from tutorial_lib.bench.plots import plot_recipe_costs  # noqa: E402
 from tutorial_lib.bench.recipe_cost import (  # noqa: E402
     COST_RECIPES,
     CopyBytes,
     _copy,
-    plot_recipe_costs,
     quantized_tensors,
     recipe_cost_table,
     recipe_layer_cost,

@@ -8,7 +8,7 @@ measuring tools of ``tutorial_lib.perf``, and nothing below it imports it.
 - ``policy_bench``: one training step per precision policy (chapter 3, benchmarks/precision.py);
 - ``fp8_model``: the roofline model of when FP8 pays off (chapter 5);
 - ``gemm_bench``: BF16 vs FP8 GEMM times by width on rotating inputs (chapter 5);
-- ``ladder``: chapter 8's ablation ladder (its figures: ``ladder_plots``); ``fusion_bench``: chapter 7's ops and steps;
+- ``ladder``: chapter 8's ablation ladder (its figures, and ``recipe_cost``'s: ``plots``); ``fusion_bench``: chapter 7's ops and steps;
 - ``attention_bench``: attention's peak memory against T, and SDPA's backends (chapter 7);
 - ``overheads``: launch-bound steps, torch.compile's modes, the padded vocabulary (chapter 7).
 """

@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..checks import check_positive_int
 from ..fp8.native import NATIVE
@@ -71,9 +71,6 @@ from ..fp8.recipes import RECIPES
 from ..hardware import SPECS, DeviceSpec
 from ..perf.roofline import Op, roof_from_spec
 from .fp8_model import training_gemms
-
-if TYPE_CHECKING:  # matplotlib is imported when plotting
-    from matplotlib.figure import Figure
 
 __all__ = [
     "COMPUTE_CAPABILITY",
@@ -86,7 +83,6 @@ __all__ = [
     "recipe_layer_cost",
     "recipe_memory_bytes",
     "recipe_cost_table",
-    "plot_recipe_costs",
 ]
 
 # CUDA compute capability of each SPECS entry (NVIDIA's CUDA GPUs list).
@@ -381,50 +377,3 @@ def recipe_cost_table(
                 }
             )
     return rows
-
-
-def plot_recipe_costs(rows: Sequence[dict[str, Any]], title: str | None = None) -> Figure:
-    """Grouped bars, one group per recipe and one bar per device: GEMM time (solid) under
-    cast time (hatched), in ms; "n/a" where the device has no native kernel for the recipe.
-    ``rows`` as ``recipe_cost_table`` returns them. The figure says it is a model."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    from ..viz import label_hardware
-
-    if not rows:
-        raise ValueError("plot_recipe_costs needs at least one row (recipe_cost_table).")
-    devices = list(dict.fromkeys(r["device"] for r in rows))
-    recipes = list(dict.fromkeys(r["recipe"] for r in rows))
-    fig, ax = plt.subplots(figsize=(9.0, 4.0))
-    bar = 0.8 / len(devices)
-    for row in rows:
-        i, j = devices.index(row["device"]), recipes.index(row["recipe"])
-        x = j + (i - (len(devices) - 1) / 2) * bar
-        if row["total_ms"] is None:
-            ax.text(x, 0, "n/a", rotation=90, ha="center", va="bottom", fontsize=8, color="0.3")
-            continue
-        ax.bar(x, row["gemm_ms"], bar, color=f"C{i}")
-        ax.bar(x, row["cast_ms"], bar, bottom=row["gemm_ms"], color=f"C{i}", alpha=0.4, hatch="//")
-    first, top = rows[0], max((r["total_ms"] or 0.0) for r in rows)
-    ax.set_ylim(0, 1.1 * top if top > 0 else 1.0)
-    ax.set_xticks(range(len(recipes)), recipes)
-    ax.set(
-        title=title
-        or (
-            f"Linear layer training step per recipe (model), M={first['tokens']}, "
-            f"K={first['in_features']}, N={first['out_features']}"
-        ),
-        xlabel="recipe",
-        ylabel="modelled time per step (ms)",
-    )
-    handles = [Patch(color=f"C{i}", label=d) for i, d in enumerate(devices)]
-    handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//", label="quantize casts"))
-    ax.legend(handles=handles, fontsize=8)
-    label_hardware(
-        ax,
-        "roofline model from datasheet peaks and HBM bandwidth, not a measurement; "
-        "n/a: no native kernel",
-    )
-    fig.tight_layout()
-    return fig

@@ -12,7 +12,7 @@ and forward). Inside, one forward + backward pass does what TE's ``Linear`` does
     forward   x_fp8 = E4M3(x * s_x), w_fp8 = E4M3(w * s_w), with the scales of earlier steps;
               y = (x_fp8 @ w_fp8^T) * s_x^-1 * s_w^-1 + bias, in the activation dtype (bf16
               under BF16 autocast, else the input's dtype); amax(x), amax(w) -> history row 0.
-    backward  g_fp8 = bwd_format(dy * s_g) (E5M2 under HYBRID); amax(dy) -> row 0;
+    backward  g_fp8 = E5M2(dy * s_g) (under HYBRID; E4M3 under E4M3); amax(dy) -> row 0;
               dgrad = g_fp8 @ w_fp8 (activation dtype), wgrad = g_fp8^T @ x_fp8 (float32,
               reusing the forward's FP8 copies), bias grad = sum of dy in float32.
 As in TE, the output's amax (column GEMM1_OUTPUT) is recorded only when the output itself is FP8

@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 import torch
 
 from ..checks import check_int, check_positive_int
-from .formats import FP8Format
 from .quantizers import Quantizer, get_quantizer
 from .scaling import AmaxAlgo, Format, MMParams, check_amax_algo
 
@@ -141,27 +140,10 @@ class DelayedScaling(Recipe):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.fp8_format, Format):
-            raise TypeError(f"fp8_format must be a Format, got {self.fp8_format!r}.")
-        if self.fp8_format is Format.E5M2:
-            raise ValueError(
-                "DelayedScaling: pure E5M2 training is not supported (as in Transformer "
-                "Engine). Use fp8_format=Format.HYBRID (E4M3 forward, E5M2 gradients) or "
-                "Format.E4M3."
-            )
+        _check_format(self)
         check_int(self.margin, "DelayedScaling.margin", 0)
         check_positive_int(self.amax_history_len, "DelayedScaling.amax_history_len")
         check_amax_algo(self.amax_compute_algo)
-
-    @property
-    def fwd_format(self) -> FP8Format:
-        """Format of forward-pass tensors (input, weight, output)."""
-        return self.fp8_format.fwd
-
-    @property
-    def bwd_format(self) -> FP8Format:
-        """Format of backward-pass tensors (grad_output, grad_input)."""
-        return self.fp8_format.bwd
 
 
 @dataclass(frozen=True)
@@ -334,12 +316,14 @@ class Float8RowwiseScaling(Recipe):
 
 
 def _check_format(recipe: Any) -> None:
-    """``fp8_format`` a ``Format`` other than E5M2 (TE refuses pure E5M2 training)."""
-    fmt = recipe.fp8_format
-    if not isinstance(fmt, Format) or fmt is Format.E5M2:
+    """``fp8_format`` a ``Format`` (TypeError) other than E5M2 (TE refuses pure E5M2 training)."""
+    name, fmt = type(recipe).__name__, recipe.fp8_format
+    if not isinstance(fmt, Format):
+        raise TypeError(f"{name}.fp8_format must be a Format, got {fmt!r}.")
+    if fmt is Format.E5M2:
         raise ValueError(
-            f"{type(recipe).__name__}.fp8_format must be Format.E4M3 or Format.HYBRID, got "
-            f"{fmt!r} (pure E5M2 training is not supported, as in TE)."
+            f"{name}: pure E5M2 training is not supported (as in Transformer Engine). Use "
+            "fp8_format=Format.HYBRID (E4M3 forward, E5M2 gradients) or Format.E4M3."
         )
 
 

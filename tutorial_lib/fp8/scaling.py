@@ -55,10 +55,7 @@ class ScalingRecipe(Protocol):
     def amax_compute_algo(self) -> AmaxAlgo: ...
 
     @property
-    def fwd_format(self) -> FP8Format: ...
-
-    @property
-    def bwd_format(self) -> FP8Format: ...
+    def fp8_format(self) -> Format: ...
 
 
 class Format(Enum):
@@ -298,8 +295,9 @@ class FP8ModuleState:
     def update(
         self, recipe: ScalingRecipe, forward: bool, reduced_amax: torch.Tensor | None = None
     ) -> None:
-        """Update the forward (``fwd_format.max``) or backward (``bwd_format.max``) group."""
+        """Update the forward (``fp8_format.fwd.max``) or backward (``fp8_format.bwd.max``)
+        group."""
         if forward:
-            self.forward.update(recipe, recipe.fwd_format.max, reduced_amax)
+            self.forward.update(recipe, recipe.fp8_format.fwd.max, reduced_amax)
         else:
-            self.backward.update(recipe, recipe.bwd_format.max, reduced_amax)
+            self.backward.update(recipe, recipe.fp8_format.bwd.max, reduced_amax)

@@ -1,6 +1,7 @@
-"""The ablation ladder's figures (``bench.ladder``'s rows): speed, MFU and memory per rung, and
-the loss of every rung step by step. Apart from ``ladder``, so running the ladder does not import
-matplotlib.
+"""The figures of the book's benchmarks, apart from them so that running a benchmark does not
+import matplotlib: the ablation ladder's (``bench.ladder``'s rows: speed, MFU and memory per
+rung, and the loss of every rung step by step) and the FP8 recipes' modelled cost
+(``bench.recipe_cost``'s table).
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from ..viz import label_hardware
 
-__all__ = ["plot_ladder", "plot_ladder_losses"]
+__all__ = ["plot_ladder", "plot_ladder_losses", "plot_recipe_costs"]
 
 
 def plot_ladder(
@@ -72,4 +74,46 @@ def plot_ladder_losses(rows: Sequence[dict[str, Any]], hardware: str | None = No
     ax.legend(fontsize=8)
     if hardware:
         label_hardware(ax, hardware)
+    return fig
+
+
+def plot_recipe_costs(rows: Sequence[dict[str, Any]], title: str | None = None) -> Figure:
+    """Grouped bars, one group per recipe and one bar per device: GEMM time (solid) under
+    cast time (hatched), in ms; "n/a" where the device has no native kernel for the recipe.
+    ``rows`` as ``recipe_cost_table`` returns them. The figure says it is a model."""
+    if not rows:
+        raise ValueError("plot_recipe_costs needs at least one row (recipe_cost_table).")
+    devices = list(dict.fromkeys(r["device"] for r in rows))
+    recipes = list(dict.fromkeys(r["recipe"] for r in rows))
+    fig, ax = plt.subplots(figsize=(9.0, 4.0))
+    bar = 0.8 / len(devices)
+    for row in rows:
+        i, j = devices.index(row["device"]), recipes.index(row["recipe"])
+        x = j + (i - (len(devices) - 1) / 2) * bar
+        if row["total_ms"] is None:
+            ax.text(x, 0, "n/a", rotation=90, ha="center", va="bottom", fontsize=8, color="0.3")
+            continue
+        ax.bar(x, row["gemm_ms"], bar, color=f"C{i}")
+        ax.bar(x, row["cast_ms"], bar, bottom=row["gemm_ms"], color=f"C{i}", alpha=0.4, hatch="//")
+    first, top = rows[0], max((r["total_ms"] or 0.0) for r in rows)
+    ax.set_ylim(0, 1.1 * top if top > 0 else 1.0)
+    ax.set_xticks(range(len(recipes)), recipes)
+    ax.set(
+        title=title
+        or (
+            f"Linear layer training step per recipe (model), M={first['tokens']}, "
+            f"K={first['in_features']}, N={first['out_features']}"
+        ),
+        xlabel="recipe",
+        ylabel="modelled time per step (ms)",
+    )
+    handles = [Patch(color=f"C{i}", label=d) for i, d in enumerate(devices)]
+    handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//", label="quantize casts"))
+    ax.legend(handles=handles, fontsize=8)
+    label_hardware(
+        ax,
+        "roofline model from datasheet peaks and HBM bandwidth, not a measurement; "
+        "n/a: no native kernel",
+    )
+    fig.tight_layout()
     return fig
