@@ -46,7 +46,6 @@ TE_API_USED: dict[str, tuple[str, ...]] = {
         "output_layer_init_method",
     ),
     "transformer_engine.pytorch.autocast": ("enabled", "recipe", "amax_reduction_group"),
-    "transformer_engine.pytorch.fp8_autocast": ("enabled", "fp8_recipe", "fp8_group"),
     "transformer_engine.pytorch.is_fp8_available": ("return_reason",),
     "transformer_engine.pytorch.is_fp8_block_scaling_available": ("return_reason",),
     "transformer_engine.pytorch.is_mxfp8_available": ("return_reason",),
@@ -75,7 +74,6 @@ TE_DEFAULTS_ASSUMED: dict[str, dict[str, str]] = {
         "reduce_amax": "True",
     },
     "transformer_engine.pytorch.autocast": {"enabled": "True", "calibrating": "False"},
-    "transformer_engine.pytorch.fp8_autocast": {"enabled": "True", "calibrating": "False"},
     "transformer_engine.pytorch.Linear": {
         "return_bias": "False",
         "parallel_mode": "None",

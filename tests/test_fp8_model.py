@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tutorial_lib.bench import GemmCost, linear_layer_cost, sweep
+from tutorial_lib.bench import linear_layer_cost, sweep
+from tutorial_lib.bench.fp8_model import GemmCost
 from tutorial_lib.hardware import SPECS, DeviceSpec
 
 H100, H200 = SPECS["H100 SXM"], SPECS["H200"]

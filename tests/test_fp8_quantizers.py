@@ -24,13 +24,10 @@ from tutorial_lib.fp8.quantizers import (
     MXFP8Quantizer,
     NVFP4Quantizer,
     RowwiseQuantizer,
-    e2m1_codes,
-    float_to_e8m0,
     get_quantizer,
-    pack_fp4,
-    rht_matrix,
-    unpack_fp4,
 )
+from tutorial_lib.fp8.quantizers.block import float_to_e8m0
+from tutorial_lib.fp8.quantizers.fp4 import e2m1_codes, pack_fp4, rht_matrix, unpack_fp4
 
 RECIPES = ("delayed", "current", "block", "mxfp8", "nvfp4", "rowwise")
 ROLES = ("input", "weight", "grad_output")

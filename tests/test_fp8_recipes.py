@@ -30,7 +30,7 @@ from tutorial_lib.fp8 import (
     make_recipe,
     recipe_name,
 )
-from tutorial_lib.fp8.linear import SR_STATE_KEY
+from tutorial_lib.fp8.sr_state import SR_STATE_KEY
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import get_policy
 from tutorial_lib.train import Trainer

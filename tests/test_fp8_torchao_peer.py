@@ -4,7 +4,7 @@ torchao (a dev dependency, pinned in pyproject.toml) is the peer implementation 
 its tensorwise recipe is current scaling, its rowwise recipe is where ``RowwiseQuantizer``'s rules
 come from. Three levels, all on the same tensors:
 
-1. Scale rules (``float8_utils.amax_to_scale``) against TE's (``quantizers.scale_from_amax``),
+1. Scale rules (``float8_utils.amax_to_scale``) against TE's (``quantizers.base.scale_from_amax``),
    over every positive bfloat16 value and 1M random float32 bit patterns as the amax.
 2. Casts: torchao's ``hp_tensor_to_float8_dynamic`` against ``get_quantizer(...).quantize``,
    payload bytes and scales compared bit for bit (odd shapes, zero rows, 1e-9 to 1e30, fp32 and
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from tutorial_lib import fp8
-from tutorial_lib.fp8.quantizers import scale_from_amax
+from tutorial_lib.fp8.quantizers.base import scale_from_amax
 from tutorial_lib.fp8.quantizers.per_tensor import TORCHAO_EPS
 
 try:

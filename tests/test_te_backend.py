@@ -129,8 +129,10 @@ def test_policy_fields() -> None:
     assert policy.autocast_dtype is torch.bfloat16
     assert policy.peak_dtype == "fp8"
     assert not policy.grad_scaler
-    assert policy.prepare_model is convert_to_te
-    assert policy.check is check_te_fp8_device
+    assert policy.prepare_model.func is convert_to_te
+    assert policy.prepare_model.keywords == {"fused": False}
+    assert policy.check.func is check_te_fp8_device
+    assert policy.check.keywords == {"policy_name": "te-fp8", "recipe": "delayed"}
     assert policy.extra_context is not None
 
 
@@ -484,10 +486,9 @@ class FakeTE:
     regions: list[tuple[str, dict[str, Any]]]
 
 
-@pytest.fixture(params=["autocast", "fp8_autocast"])
-def fake_te(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> FakeTE:
-    """A stand-in ``transformer_engine`` in ``sys.modules``: TE >= 2.9 (``autocast``) or an
-    older one that only has ``fp8_autocast``."""
+@pytest.fixture
+def fake_te(monkeypatch: pytest.MonkeyPatch) -> FakeTE:
+    """A stand-in ``transformer_engine`` (2.9 or later) in ``sys.modules``."""
     regions: list[tuple[str, dict[str, Any]]] = []
 
     def region(name: str) -> Callable[..., contextlib.AbstractContextManager[None]]:
@@ -502,15 +503,13 @@ def fake_te(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     pytorch, recipe = types.ModuleType("_pytorch"), types.ModuleType("_recipe")
     pytorch.Linear, pytorch.LayerNorm = _FakeLinear, _FakeLayerNorm
     pytorch.LayerNormLinear, pytorch.LayerNormMLP = _FakeLayerNormLinear, _FakeLayerNormMLP
-    pytorch.fp8_autocast = region("fp8_autocast")
-    if request.param == "autocast":
-        pytorch.autocast = region("autocast")
-        for need in TE_GPU_NEEDS.values():  # is_fp8_available, is_mxfp8_available, ...
-            setattr(
-                pytorch,
-                need.te_check,
-                lambda return_reason=False: (True, "") if return_reason else True,
-            )
+    pytorch.autocast = region("autocast")
+    for need in TE_GPU_NEEDS.values():  # is_fp8_available, is_mxfp8_available, ...
+        setattr(
+            pytorch,
+            need.te_check,
+            lambda return_reason=False: (True, "") if return_reason else True,
+        )
     for name, cls in {**FAKE_RECIPES, "Recipe": _FakeRecipe, "Format": _FakeFormat}.items():
         setattr(recipe, name, cls)
     recipe.QParams, recipe.MMParams = _FakeQParams, _FakeMMParams
@@ -697,11 +696,10 @@ def test_fused_policy_with_te_available(
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Fake H100")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     assert get_policy(TE_FUSED_POLICY_NAME, "cuda") is policy  # the check passes
-    if hasattr(fake_te.pytorch, "is_fp8_available"):  # TE's own verdict, with its reason
-        why = (False, "Device compute capability 8.9 or higher required for FP8 execution.")
-        monkeypatch.setattr(fake_te.pytorch, "is_fp8_available", lambda return_reason=False: why)
-        with pytest.raises(RuntimeError, match="'te-fp8-fused'.*TE reports no FP8 .*8.9 or higher"):
-            get_policy(TE_FUSED_POLICY_NAME, "cuda")
+    why = (False, "Device compute capability 8.9 or higher required for FP8 execution.")
+    monkeypatch.setattr(fake_te.pytorch, "is_fp8_available", lambda return_reason=False: why)
+    with pytest.raises(RuntimeError, match="'te-fp8-fused'.*TE reports no FP8 .*8.9 or higher"):
+        get_policy(TE_FUSED_POLICY_NAME, "cuda")  # TE's own verdict, with its reason
     assert policy.prepare_model is not None  # convert_to_te(..., fused=True)
     converted = policy.prepare_model(GPT(FP8_CFG), device="cpu")  # type: ignore[call-arg]
     assert type(converted.blocks[0].mlp) is TEFusedMLP
@@ -712,10 +710,9 @@ def test_autocast_dispatch_and_recipe(fake_te: FakeTE) -> None:
     with te_autocast(recipe=ours, amax_reduction_group="group"):
         pass
     ((name, kwargs),) = fake_te.regions
-    newer = hasattr(fake_te.pytorch, "autocast")
-    assert name == ("autocast" if newer else "fp8_autocast")
-    recipe = kwargs["recipe" if newer else "fp8_recipe"]
-    assert kwargs["amax_reduction_group" if newer else "fp8_group"] == "group"
+    assert name == "autocast"
+    recipe = kwargs["recipe"]
+    assert kwargs["amax_reduction_group"] == "group"
     assert kwargs["enabled"] is True
     assert recipe == _FakeDelayedScaling(1, _FakeFormat.E4M3, 8, "max", True)
     assert te_recipe(recipe) is recipe  # TE's own recipes pass through
@@ -728,7 +725,7 @@ def test_policy_region_reuses_one_recipe(fake_te: FakeTE) -> None:
     for _ in range(2):
         with policy.extra_context():
             pass
-    recipes = [kwargs.get("recipe", kwargs.get("fp8_recipe")) for _, kwargs in fake_te.regions]
+    recipes = [kwargs["recipe"] for _, kwargs in fake_te.regions]
     assert recipes[0] is recipes[1] and recipes[0].amax_history_len == 4
 
 
@@ -888,7 +885,7 @@ def test_te_recipe_objects_pass_through(fake_te: FakeTE) -> None:
     with pytest.raises(TypeError, match="go with a recipe name"):
         make_te_policy(_OurRecipe(), margin=1)
     policy = make_te_policy(custom)
-    assert policy.check.keywords == {"recipe": None}  # type: ignore[union-attr]
+    assert policy.check.keywords == {"policy_name": "te-fp8", "recipe": None}  # type: ignore[union-attr]
     assert "custom TE recipe" in policy.description
 
 
@@ -905,15 +902,15 @@ def test_policy_by_recipe_name(fake_te: FakeTE, fused: bool) -> None:
     policy = make_te_policy("MXFP8BlockScaling", fused=fused, margin=1)
     check = policy.check
     assert isinstance(check, functools.partial) and check.func is check_te_fp8_device
-    assert check.keywords == {"recipe": "mxfp8", **({"policy_name": policy.name} if fused else {})}
+    assert check.keywords == {"recipe": "mxfp8", "policy_name": policy.name}
     assert "MXFP8 GEMMs" in policy.description
     assert policy.extra_context is not None
     for _ in range(2):
         with policy.extra_context():
             pass
-    recipes = [kwargs.get("recipe", kwargs.get("fp8_recipe")) for _, kwargs in fake_te.regions]
+    recipes = [kwargs["recipe"] for _, kwargs in fake_te.regions]
     assert recipes[0] is recipes[1] and recipes[0] == _FakeMXFP8BlockScaling(margin=1)
-    assert make_te_policy("delayed").check is check_te_fp8_device
+    assert make_te_policy("delayed").check.keywords["recipe"] == "delayed"
 
 
 # (recipe, compute capability, torch's CUDA, the error or None)
@@ -956,7 +953,7 @@ def test_device_check_per_recipe(
         with pytest.raises(RuntimeError, match=f"'te-fp8'.*{error}"):
             policy.validate("cuda")
     need = TE_GPU_NEEDS[recipe]
-    if error is None and hasattr(fake_te.pytorch, need.te_check):  # then TE's verdict counts
+    if error is None:  # then TE's verdict counts
         why = (False, "Device compute capability 10.0 or higher required.")
         monkeypatch.setattr(fake_te.pytorch, need.te_check, lambda return_reason=False: why)
         with pytest.raises(RuntimeError, match=f"TE reports no {need.label} support: Device"):

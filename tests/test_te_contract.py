@@ -464,7 +464,6 @@ def test_backend_calls_are_declared() -> None:
         "transformer_engine.pytorch.LayerNormLinear",
         "transformer_engine.pytorch.LayerNormMLP",
         "transformer_engine.pytorch.autocast",
-        "transformer_engine.pytorch.fp8_autocast",
         "transformer_engine.common.recipe.DelayedScaling",
     }
     for qualname, keywords, n_positional in calls:

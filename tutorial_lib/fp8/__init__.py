@@ -34,7 +34,7 @@ from .formats import E4M3, E5M2, FP8_FORMATS, FP8Format, dequantize, get_fp8_for
 from .gemm import emulated_gemm, scaled_gemm
 from .linear import FP8_SHAPE_RULE, FP8Linear
 from .native import NATIVE, check_recipe_device
-from .policy import FP8_LOSS_TOLERANCE, check_fp8_device, make_fp8_policy
+from .policy import FP8_LOSS_TOLERANCE, make_fp8_policy
 from .quantizers import QuantizedTensor, Quantizer, get_quantizer
 from .recipes import (
     RECIPE_PRECISIONS,
@@ -132,6 +132,5 @@ __all__ = [
     "convert_checkpoint",
     # policy
     "FP8_LOSS_TOLERANCE",
-    "check_fp8_device",
     "make_fp8_policy",
 ]

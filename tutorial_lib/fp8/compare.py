@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from .quantizers import QuantizedTensor, get_quantizer
-from .quantizers.base import as_matrix, expand_tiles, tensor_amax, tile_grid
+from .quantizers.base import as_matrix, tensor_amax
 from .recipes import make_recipe
 from .scaling import Format
+from .stats import scale_for
 
 __all__ = [
     "COMPARED_RECIPES",
@@ -45,12 +46,7 @@ _FORMAT_BITS = {"E4M3": 8, "E5M2": 8, "E2M1": 4}
 def _tile_limit(q: QuantizedTensor) -> torch.Tensor:
     """Per element, the largest magnitude its tile can hold: format max times the tile's
     dequantization scale (times NVFP4's tensor scale)."""
-    rows, cols = as_matrix(q.data).shape
-    scale = q.scale_inv.to(torch.float32)
-    if scale.numel() == 1:
-        limit = torch.full((rows, cols), float(scale))
-    else:
-        limit = expand_tiles(scale.reshape(tile_grid(rows, cols, q.tile)), q.tile, (rows, cols))
+    limit = q.tile_scales().expand(as_matrix(q.data).shape)
     if q.tensor_scale_inv is not None:
         limit = limit * q.tensor_scale_inv
     return limit * _FORMAT_MAX[q.fmt]
@@ -99,15 +95,13 @@ def quantized_bytes(q: QuantizedTensor) -> dict[str, int]:
 
 
 def _quantizer(
-    recipe: str, role: str, delayed_amax: torch.Tensor | None, generator: torch.Generator
+    recipe: str, role: str, delayed_amax: torch.Tensor, generator: torch.Generator
 ) -> Any:
     """The row-wise quantizer ``role`` gets in training under ``recipe`` (a name, or a label of
     ``VARIANTS``); delayed scaling with the scale from ``delayed_amax``."""
     if recipe == "delayed":
         fmt = Format.HYBRID.bwd if role == "grad_output" else Format.HYBRID.fwd
-        amax = float(delayed_amax) if delayed_amax is not None else 0.0
-        scale = fmt.max / amax if amax > 0 and math.isfinite(amax) else 1.0
-        return get_quantizer("delayed", role, scale=scale)
+        return get_quantizer("delayed", role, scale=scale_for(float(delayed_amax), fmt))
     name, options = VARIANTS.get(recipe, (recipe, {}))
     return make_recipe(name, **options).quantizer(role, False, generator)
 

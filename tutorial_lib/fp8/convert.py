@@ -75,7 +75,7 @@ def convert_to_fp8(
     swaps: list[tuple[str, FP8Linear]] = []
     for name, old in targets:
         to_fp8 = getattr(old, "to_fp8", None)
-        new = to_fp8(**kwargs) if callable(to_fp8) else FP8Linear.from_linear(old, **kwargs)  # type: ignore[arg-type]
+        new = to_fp8(**kwargs) if callable(to_fp8) else FP8Linear.from_linear(old, **kwargs)
         if to_fp8 is not None and (bad := weight_problems(new.in_features, new.out_features)):
             problems.append(
                 f"{name}: {new.in_features} -> {new.out_features} on this rank ({'; '.join(bad)})"

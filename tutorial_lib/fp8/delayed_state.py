@@ -43,8 +43,8 @@ OPERAND_SLOTS = {  # operand: (direction, column of its scaling state)
 
 class DelayedScalingState(nn.Module):
     """Mixin for ``FP8Linear`` (before ``nn.Linear`` in the bases): the delayed-scaling buffers
-    and ``fp8_state`` over them. The layer calls ``_init_fp8_buffers`` in ``__init__`` and
-    ``_load_fp8_state_dict`` from ``_load_from_state_dict``."""
+    and ``fp8_state`` over them, and the loading of a state dict's scaling state. The layer
+    calls ``_init_fp8_buffers`` in ``__init__``."""
 
     fp8_state: FP8ModuleState
 
@@ -91,7 +91,7 @@ class DelayedScalingState(nn.Module):
             self._buffers[names[0]] = new
         self._bind_state()
 
-    def _load_fp8_state_dict(
+    def _load_from_state_dict(
         self,
         state_dict: Any,
         prefix: str,

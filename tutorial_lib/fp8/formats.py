@@ -94,12 +94,6 @@ def get_fp8_format(fmt: str | torch.dtype | FloatFormat) -> FP8Format:
 
 
 # ---- quantization ----------------------------------------------------------------------------
-def _as_float32(scale: torch.Tensor | float, device: torch.device) -> torch.Tensor:
-    if isinstance(scale, torch.Tensor):
-        return scale.to(device=device, dtype=torch.float32)
-    return torch.tensor(scale, dtype=torch.float32, device=device)
-
-
 def quantize(
     x: torch.Tensor, fmt: FloatFormat | str | torch.dtype, scale: torch.Tensor | float
 ) -> torch.Tensor:
@@ -118,7 +112,7 @@ def quantize(
     ``torch.clamp`` passes NaN through unchanged.
     """
     fp8 = get_fp8_format(fmt)
-    y = x.to(torch.float32) * _as_float32(scale, x.device)
+    y = x.to(torch.float32) * torch.as_tensor(scale, dtype=torch.float32, device=x.device)
     return torch.clamp(y, -fp8.max, fp8.max).to(fp8.torch_dtype)
 
 
@@ -128,5 +122,5 @@ def dequantize(
     """``q * scale_inv`` computed in float32 (then cast to ``dtype``); ``q`` an FP8 tensor."""
     if q.dtype not in _FP8_DTYPES:
         raise TypeError(f"dequantize expects a float8 tensor, got {q.dtype}.")
-    out = q.to(torch.float32) * _as_float32(scale_inv, q.device)
+    out = q.to(torch.float32) * torch.as_tensor(scale_inv, dtype=torch.float32, device=q.device)
     return out.to(dtype)

@@ -40,7 +40,7 @@ delayed-scaling state (``DelayedScalingState``), ``sr_state`` its stochastic-rou
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -57,15 +57,17 @@ from .recompute import (
     record_call,
     replay_call,
 )
-from .sr_state import SR_STATE_KEY, StochasticRoundingState
+from .sr_state import StochasticRoundingState
 
-__all__ = ["FP8Linear", "FP8_SHAPE_RULE", "SR_STATE_KEY", "weight_problems"]
+__all__ = ["FP8Linear", "FP8_SHAPE_RULE", "weight_problems"]
 
 # TE's shape rule for an FP8 GEMM operand (``assert_dim_for_fp8_exec``, pytorch/utils.py).
 FP8_SHAPE_RULE = (
     "FP8 GEMMs follow Transformer Engine's shape rule: for the input and the weight, the product "
     "of all dimensions but the last must be divisible by 8 and the last dimension by 16"
 )
+
+_L = TypeVar("_L", bound="FP8Linear")
 
 
 # ---- the module --------------------------------------------------------------------------------
@@ -91,8 +93,8 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         (``fp8.ddp.exclude_fp8_from_ddp``; ``convert_to_fp8`` calls it).
     Other recipes (``fp8.recipes``): stateless, except NVFP4's stochastic rounding, which draws
         from the layer's own generator (``sr_generator``, seeded per run and layer); its
-        state is the state-dict entry ``fp8_sr_rng_state`` (``SR_STATE_KEY``), so a resumed run
-        draws the same noise as an uninterrupted one.
+        state is the state-dict entry ``fp8_sr_rng_state`` (``sr_state.SR_STATE_KEY``), so a
+        resumed run draws the same noise as an uninterrupted one.
     """
 
     FP8_STATE_BUFFERS: ClassVar[tuple[str, ...]] = tuple(
@@ -117,15 +119,13 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         self._init_fp8_buffers(amax_history_len, device)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, **fp8_kwargs: Any) -> FP8Linear:
-        """An FP8Linear holding ``linear``'s own Parameter objects (so ties and optimizers see the
-        same tensors); scaling buffers on the weight's device."""
+    def from_linear(cls: type[_L], linear: Any, **fp8_kwargs: Any) -> _L:
+        """A ``cls`` holding ``linear``'s own Parameter objects (so ties and optimizers see the
+        same tensors), its shapes those of the weight (a tensor-parallel layer's local ones);
+        scaling buffers on the weight's device."""
+        out_features, in_features = linear.weight.shape
         new = cls(
-            linear.in_features,
-            linear.out_features,
-            bias=linear.bias is not None,
-            device="meta",
-            **fp8_kwargs,
+            in_features, out_features, bias=linear.bias is not None, device="meta", **fp8_kwargs
         )
         new.weight = linear.weight
         new.bias = linear.bias
@@ -155,10 +155,13 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         if recipe.stateful:  # delayed scaling: the history follows the recipe's length (TE)
             self._ensure_history_len(recipe.amax_history_len)  # type: ignore[attr-defined]
         self._check_fp8_shapes(x, recipe)
-        self._start_fp8()
+        check_not_plain_checkpoint(self._layer_name())
+        self._ran_fp8 = True
         flag = self.emulate if self.emulate is not None else fp8.emulate
         emulate = check_recipe_device(recipe, x.device, flag, self._layer_name())
-        out_dtype = _out_dtype(x)
+        # the GEMM output dtype: the autocast dtype inside autocast, else the input's
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         record_call(
             self, fp8, out_dtype, emulate, self.fp8_state.forward if recipe.stateful else None
         )
@@ -192,11 +195,6 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         """The bias the GEMM adds (a row-parallel subclass adds its own after the all-reduce)."""
         return self.bias
 
-    def _start_fp8(self) -> None:
-        """Before a forward in FP8: refuse plain checkpointing; note that FP8 has run."""
-        check_not_plain_checkpoint(self._layer_name())
-        self._ran_fp8 = True
-
     def _needs_grad(self, x: torch.Tensor) -> bool:
         """Whether the input, weight or bias requires grad (so a backward pass will run)."""
         params = (x, self.weight) if self.bias is None else (x, self.weight, self.bias)
@@ -225,32 +223,9 @@ class FP8Linear(StochasticRoundingState, DelayedScalingState, nn.Linear):
         if problem and torch.is_grad_enabled() and self.weight.requires_grad:  # a wgrad GEMM
             raise ValueError(f"FP8 GEMM shape error in layer {self._layer_name()}: {problem}.")
 
-    # ---- checkpoints -----------------------------------------------------------------------------
-    def _load_from_state_dict(
-        self,
-        state_dict: Any,
-        prefix: str,
-        local_metadata: Any,
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
-        self._load_sr_state(state_dict, prefix, error_msgs)
-        args = (state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys)
-        self._load_fp8_state_dict(*args, error_msgs)
-        if prefix + SR_STATE_KEY in unexpected_keys:  # not a buffer: taken by _load_sr_state
-            unexpected_keys.remove(prefix + SR_STATE_KEY)
-
     def extra_repr(self) -> str:
         length = self.fp8_state.forward.history_len
         return f"{super().extra_repr()}, amax_history_len={length}, emulate={self.emulate}"
-
-
-def _out_dtype(x: torch.Tensor) -> torch.dtype:
-    """The GEMM output dtype: the autocast dtype inside autocast, else the input's."""
-    dev = x.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
 def weight_problems(in_features: int, out_features: int) -> list[str]:

@@ -47,7 +47,7 @@ from . import gemm
 from .delayed_state import DelayedOperands
 from .gemm import scaled_gemm, warn_emulated_once
 from .quantizers import QuantizedTensor
-from .quantizers.base import as_matrix, expand_tiles, tile_grid
+from .quantizers.base import as_matrix
 from .recipes import Recipe
 from .tiled_gemm import block_scaled_mm_call, native_block_problem
 
@@ -56,22 +56,9 @@ __all__ = [
     "Operands",
     "RecipeOperands",
     "quantized_matmul",
-    "scaled_values",
 ]
 
 _PER_ROW = ("current", "delayed", "rowwise")
-
-
-def scaled_values(q: QuantizedTensor) -> torch.Tensor:
-    """The matrix of element values times their tile scales, float32; without NVFP4's
-    per-tensor scale and without undoing a Hadamard transform (``QuantizedTensor.dequantize``
-    does both)."""
-    v = as_matrix(q.values())
-    rows, cols = v.shape
-    scale = q.scale_inv.to(torch.float32)
-    if scale.numel() == 1:
-        return v * scale.reshape(())
-    return v * expand_tiles(scale.reshape(tile_grid(rows, cols, q.tile)), q.tile, v.shape)
 
 
 def quantized_matmul(
@@ -105,7 +92,10 @@ def quantized_matmul(
             f"emulation, without FP8 speed: {problem}.",
         )
     with torch.autocast(a.data.device.type, enabled=False):
-        out = scaled_values(a) @ scaled_values(b).t()
+        # element values times their tile scales; NVFP4's per-tensor scales go on the sum, and
+        # Hadamard transforms stay (``QuantizedTensor.dequantize`` would undo both)
+        a_values, b_values = (as_matrix(q.values()) * q.tile_scales() for q in (a, b))
+        out = a_values @ b_values.t()
         if a.tensor_scale_inv is not None and b.tensor_scale_inv is not None:
             out = out * (a.tensor_scale_inv * b.tensor_scale_inv)
         return (out if bias is None else out + bias.float()).to(out_dtype)

@@ -33,7 +33,6 @@ from .recipes import RECIPE_PRECISIONS, DelayedScaling, make_recipe, recipe_name
 __all__ = [
     "FP8_RECIPE_POLICIES",
     "FP8_LOSS_TOLERANCE",
-    "check_fp8_device",
     "make_fp8_policy",
     "register_fp8_policy",
     "register_fp8_policies",
@@ -48,6 +47,7 @@ FP8_RECIPE_POLICIES: dict[str, str] = {p: r for r, p in RECIPE_PRECISIONS.items(
 # 0.0003 for seed 0, 0.0137 at worst over seeds 0-19 (median 0.002); bf16 vs fp32 at worst
 # 0.0089. 0.05 leaves a 3.6x margin over the worst seed and equals BF16_LOSS_TOLERANCE.
 FP8_LOSS_TOLERANCE: float = 0.05
+_WHO = "This FP8 precision policy"  # how a device check's error names the policy
 _DESCRIPTIONS = {
     "delayed": "E4M3 fwd, E5M2 grads, delayed scaling",
     "current": "E4M3 fwd, E5M2 grads, per-tensor current scaling",
@@ -56,15 +56,6 @@ _DESCRIPTIONS = {
     "nvfp4": "E2M1, 16-element blocks, E4M3 + FP32 scales, RHT, stochastic rounding",
     "rowwise": "E4M3, one power-of-two scale per row (torchao rowwise)",
 }
-
-
-def check_fp8_device(
-    device: torch.device | str, emulate: bool | None = None, recipe: object = "delayed"
-) -> None:
-    """Raise ``RuntimeError`` if ``device`` is a CUDA GPU that cannot run ``recipe`` natively
-    (``native.check_recipe_device``; delayed scaling needs FP8 tensor cores, sm_89+) and
-    emulation was not asked for. A CPU is accepted: it always emulates."""
-    check_recipe_device(recipe, device, emulate, "This FP8 precision policy")
 
 
 def make_fp8_policy(
@@ -84,6 +75,9 @@ def make_fp8_policy(
     def region() -> contextlib.AbstractContextManager[None]:
         return autocast(recipe=recipe, emulate=emulate)
 
+    def check(device: torch.device) -> None:  # a GPU without the recipe's math, unless emulated
+        check_recipe_device(recipe, device, emulate, _WHO)
+
     return PrecisionPolicy(
         name=name or RECIPE_PRECISIONS[key],
         description=f"FP8Linear GEMMs ({_DESCRIPTIONS[key]}), BF16 autocast rest",
@@ -91,7 +85,7 @@ def make_fp8_policy(
         peak_dtype="fp4" if key == "nvfp4" else "fp8",
         prepare_model=prepare,
         extra_context=region,
-        check=functools.partial(check_fp8_device, emulate=emulate, recipe=recipe),
+        check=check,
     )
 
 
@@ -119,7 +113,7 @@ def runnable_fp8_precision(precision: str, device: torch.device | str) -> str:
     (Hopper has no MXFP8 or NVFP4 math); its timings are the emulation's, not the recipe's."""
     register_fp8_policy(precision)
     try:
-        check_fp8_device(device, recipe=FP8_RECIPE_POLICIES[precision])
+        check_recipe_device(FP8_RECIPE_POLICIES[precision], device, None, _WHO)
         return precision
     except RuntimeError:
         name = f"{precision}-emulated"

@@ -29,9 +29,9 @@ recompute (``check_not_reentrant_recompute``: an FP8 layer's forward during a ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -67,26 +67,18 @@ class _Frame:
 _FRAMES: list[_Frame] = []  # the active record (at most one: nesting is refused)
 
 
-class _Context:
+@contextlib.contextmanager
+def _context(frame: _Frame, replaying: bool) -> Iterator[None]:
     """Makes ``frame`` active: recording in the forward, replaying in the recompute."""
-
-    def __init__(self, frame: _Frame, replaying: bool) -> None:
-        self.frame, self.replaying = frame, replaying
-
-    def __enter__(self) -> None:
-        self.frame.replaying, self.frame.next = self.replaying, 0
-        if not self.replaying:  # entered right after torch's own saved-tensor hooks
-            self.frame.pack_hook = _top_pack_hook()
-        _FRAMES.append(self.frame)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        _FRAMES.remove(self.frame)
-        self.frame.replaying = False
+    frame.replaying, frame.next = replaying, 0
+    if not replaying:  # entered right after torch's own saved-tensor hooks
+        frame.pack_hook = _top_pack_hook()
+    _FRAMES.append(frame)
+    try:
+        yield
+    finally:
+        _FRAMES.remove(frame)
+        frame.replaying = False
 
 
 def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -111,7 +103,7 @@ def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         function,
         *args,
         use_reentrant=False,
-        context_fn=lambda: (_Context(frame, False), _Context(frame, True)),
+        context_fn=lambda: (_context(frame, False), _context(frame, True)),
         **kwargs,
     )
 

@@ -49,9 +49,6 @@ class ScalingRecipe(Protocol):
     def margin(self) -> int: ...
 
     @property
-    def amax_history_len(self) -> int: ...
-
-    @property
     def amax_compute_algo(self) -> AmaxAlgo: ...
 
     @property

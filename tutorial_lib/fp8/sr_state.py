@@ -18,8 +18,8 @@ SR_STATE_KEY = "fp8_sr_rng_state"  # state-dict entry of the stochastic-rounding
 class StochasticRoundingState:
     """Mixin for an ``nn.Module`` (before it in the bases): ``sr_generator(device)`` and the
     state-dict entry ``fp8_sr_rng_state`` (``SR_STATE_KEY``). The module calls
-    ``_init_sr_state()`` in ``__init__``, ``_load_sr_state`` from ``_load_from_state_dict``, and
-    names itself through ``_layer_name()``."""
+    ``_init_sr_state()`` in ``__init__`` and names itself through ``_layer_name()``; loading a
+    state dict takes the entry before the other bases load the rest."""
 
     _sr_generator: torch.Generator | None
     _sr_pending: torch.Tensor | None
@@ -72,18 +72,29 @@ class StochasticRoundingState:
         elif self._sr_pending is not None:  # loaded, not used yet: keep it
             destination[prefix + SR_STATE_KEY] = self._sr_pending.clone()
 
-    def _load_sr_state(self, state_dict: Any, prefix: str, error_msgs: list[str]) -> None:
+    def _load_from_state_dict(
+        self,
+        state_dict: Any,
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
         """A saved stochastic-rounding state waits for the layer's next draw: it is set on a
         generator of the device the layer then runs on (``sr_generator``), so a checkpoint
         loads on the CPU before the model moves to its GPU."""
         state = state_dict.get(prefix + SR_STATE_KEY)
-        if state is None:
-            return
-        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1:
+        if isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.dim() == 1:
+            self._sr_pending = state.detach().to("cpu").clone()
+            self._sr_generator = None
+        elif state is not None:
             error_msgs.append(
                 f"{prefix}{SR_STATE_KEY}: a generator state is a 1-D uint8 tensor, got "
                 f"{type(state).__name__} {getattr(state, 'dtype', '')}."
             )
-            return
-        self._sr_pending = state.detach().to("cpu").clone()
-        self._sr_generator = None
+        args = (state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys)
+        super()._load_from_state_dict(*args, error_msgs)  # type: ignore[misc]
+        if prefix + SR_STATE_KEY in unexpected_keys:  # not a buffer: taken here
+            unexpected_keys.remove(prefix + SR_STATE_KEY)

@@ -45,7 +45,7 @@ CONVERTIBLE = ("fp8", "te-fp8")
 
 
 def convert_checkpoint(state: dict[str, Any], to: str) -> dict[str, Any]:
-    """A copy of the Trainer checkpoint ``state`` (``Trainer.state_dict``) rewritten for
+    """A copy of the Trainer checkpoint ``state`` (a checkpoint file's content) rewritten for
     precision ``to`` (``"te-fp8"`` from an ``fp8`` run, ``"fp8"`` from a ``te-fp8`` run): the
     model's FP8 state moved between the layouts of the module docstring, and the precision in
     ``model_recipe`` and ``train_config`` changed. Raises ValueError naming what does not fit."""

@@ -3,7 +3,7 @@
     - ``te_recipe``/``te_autocast``: our delayed-scaling recipe as TE's, or any TE recipe by name
       (``DelayedScaling``, ``Float8CurrentScaling``, ``Float8BlockScaling``,
       ``MXFP8BlockScaling``, ``NVFP4BlockScaling``, or our short names ``TE_RECIPE_SHORT_NAMES``),
-      and TE's FP8 autocast (``te.autocast`` since TE 2.9, ``te.fp8_autocast`` before);
+      and TE's FP8 autocast (``te.autocast``, TE 2.9 and later);
     - ``make_te_policy``/``register_te_policy``: the ``te-fp8`` and ``te-fp8-fused`` policies
       (TE modules from ``te_convert.convert_to_te``, GEMMs under ``te_autocast``), with the GPU
       check of their recipe (``TE_GPU_NEEDS``).
@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
-from ..checks import check_positive_int
 from ..hardware import cuda_capability, te_available
 from ..precision import POLICIES, PrecisionPolicy, register_policy
+from .recipes import RECIPES, DelayedScaling
+from .scaling import Format
 from .te_contract import (
     TE_ENUM_MEMBERS,
     TE_GPU_NEEDS,
@@ -44,6 +45,7 @@ __all__ = [
     "TE_FUSED_POLICY_NAME",
     "TE_DELAYED_SPLIT_ACCUMULATOR",
     "TE_RECIPE_SHORT_NAMES",
+    "as_delayed_scaling",
     "te_recipe_kwargs",
     "te_recipe_short_name",
     "te_recipe_options",
@@ -71,14 +73,12 @@ TE_DELAYED_SPLIT_ACCUMULATOR = {
 }
 
 
-def te_recipe_kwargs(recipe: object) -> dict[str, Any]:
-    """Keyword arguments for TE's ``DelayedScaling`` from our recipe (read duck-typed).
-
-    ``fp8_format`` comes back as the *name* of a TE ``Format`` member (``"HYBRID"`` or
-    ``"E4M3"``), so this runs without TE. Our ``E5M2`` is refused: TE's ``DelayedScaling``
-    rejects pure E5M2 training. So is a GEMM accumulation other than TE's fixed one
-    (``TE_DELAYED_SPLIT_ACCUMULATOR``), which TE's recipe cannot express.
-    """
+def as_delayed_scaling(recipe: object) -> DelayedScaling:
+    """Our ``DelayedScaling`` from a delayed-scaling recipe read duck-typed: ours, TE's, or any
+    object with their fields (``fp8_format`` a ``Format`` member or its name). Refused with our
+    recipe's own checks: pure E5M2 (TE's ``DelayedScaling`` refuses it too), an unknown
+    ``amax_compute_algo``, an empty history; and here, a GEMM accumulation other than TE's
+    fixed one (``TE_DELAYED_SPLIT_ACCUMULATOR``), which TE's recipe cannot express."""
     missing = [f for f in _RECIPE_FIELDS if not hasattr(recipe, f)]
     if missing:
         te_name = getattr(type(recipe), "te_name", "")  # our other recipes name TE's class
@@ -95,38 +95,26 @@ def te_recipe_kwargs(recipe: object) -> dict[str, Any]:
                 "forward GEMM, split for dgrad and wgrad) and takes no such setting, so the "
                 "te-fp8 policies need the defaults; use the fp8 policy to try another."
             )
-    fmt = recipe.fp8_format  # type: ignore[attr-defined]
+    fields = {f: getattr(recipe, f) for f in _RECIPE_FIELDS}
+    fmt = fields["fp8_format"]
     name = str(getattr(fmt, "name", fmt)).upper()
-    if name == "E5M2":
-        raise ValueError(
-            "TE's DelayedScaling does not support pure E5M2 training; use HYBRID (E4M3 forward, "
-            "E5M2 backward) or E4M3."
-        )
-    if name not in _TE_FORMATS:
+    if name not in Format.__members__:
         raise ValueError(f"Unknown FP8 format {fmt!r}; TE accepts {_TE_FORMATS}.")
-    algo = recipe.amax_compute_algo  # type: ignore[attr-defined]
-    if not callable(algo) and algo not in ("max", "most_recent"):
-        raise ValueError(f"amax_compute_algo must be 'max', 'most_recent' or a callable: {algo!r}")
-    history = recipe.amax_history_len  # type: ignore[attr-defined]
-    history = check_positive_int(history, "amax_history_len")
-    return {
-        "margin": recipe.margin,  # type: ignore[attr-defined]
-        "fp8_format": name,
-        "amax_history_len": history,
-        "amax_compute_algo": algo,
-        "reduce_amax": bool(recipe.reduce_amax),  # type: ignore[attr-defined]
-    }
+    fields.update(fp8_format=Format[name], reduce_amax=bool(fields["reduce_amax"]))
+    return DelayedScaling(**fields)
+
+
+def te_recipe_kwargs(recipe: object) -> dict[str, Any]:
+    """Keyword arguments for TE's ``DelayedScaling`` from a delayed-scaling recipe (checked by
+    ``as_delayed_scaling``). ``fp8_format`` comes back as the *name* of a TE ``Format`` member
+    (``"HYBRID"`` or ``"E4M3"``), so this runs without TE."""
+    ours = as_delayed_scaling(recipe)
+    return {f: getattr(ours, f) for f in _RECIPE_FIELDS} | {"fp8_format": ours.fp8_format.name}
 
 
 # ---- TE's recipes by name ----------------------------------------------------------------------
-# Our short names (those of fp8.get_quantizer) -> TE's recipe classes.
-TE_RECIPE_SHORT_NAMES: dict[str, str] = {
-    "delayed": "DelayedScaling",
-    "current": "Float8CurrentScaling",
-    "block": "Float8BlockScaling",
-    "mxfp8": "MXFP8BlockScaling",
-    "nvfp4": "NVFP4BlockScaling",
-}
+# Our short names (those of fp8.get_quantizer) -> TE's recipe classes (each of ours names TE's).
+TE_RECIPE_SHORT_NAMES: dict[str, str] = {n: c.te_name for n, c in RECIPES.items() if c.te_name}
 _BY_NAME = {n.lower(): short for short, cls in TE_RECIPE_SHORT_NAMES.items() for n in (short, cls)}
 _FORMAT_FIELDS = ("fp8_format", "fp4_format")  # given as a Format member or its name
 
@@ -239,7 +227,7 @@ def te_recipe(recipe: object | None = None, **options: Any) -> Any:
 def te_autocast(
     enabled: bool = True, recipe: object | None = None, amax_reduction_group: Any = None
 ) -> Iterator[None]:
-    """TE's FP8 region: ``te.autocast`` (TE >= 2.9) or ``te.fp8_autocast`` (older TE).
+    """TE's FP8 region, ``te.autocast`` (TE 2.9 renamed it from ``fp8_autocast``).
 
     ``recipe`` may be ours (converted by ``te_recipe``) or TE's. None lets TE pick its default
     for the device (delayed scaling on Hopper and Ada, MXFP8 on Blackwell); the policy always
@@ -247,15 +235,7 @@ def te_autocast(
     """
     te = import_te()
     converted = None if recipe is None else te_recipe(recipe)
-    if hasattr(te, "autocast"):
-        region = te.autocast(
-            enabled=enabled, recipe=converted, amax_reduction_group=amax_reduction_group
-        )
-    else:
-        region = te.fp8_autocast(
-            enabled=enabled, fp8_recipe=converted, fp8_group=amax_reduction_group
-        )
-    with region:
+    with te.autocast(enabled=enabled, recipe=converted, amax_reduction_group=amax_reduction_group):
         yield
 
 
@@ -289,11 +269,9 @@ def check_te_fp8_device(
     if not ok:
         problems.append(f"Transformer Engine is missing: {reason}. {TE_INSTALL_HINT}")
     elif not problems:
-        te = import_te()
-        if hasattr(te, need.te_check):
-            te_ok, why = getattr(te, need.te_check)(return_reason=True)
-            if not te_ok:
-                problems.append(f"TE reports no {need.label} support: {why}.")
+        te_ok, why = getattr(import_te(), need.te_check)(return_reason=True)
+        if not te_ok:
+            problems.append(f"TE reports no {need.label} support: {why}.")
     if problems:
         raise RuntimeError(
             f"The {policy_name!r} precision policy cannot run here: "
@@ -342,9 +320,6 @@ def make_te_policy(
         return te_autocast(enabled=True, recipe=converted[0])
 
     name = TE_FUSED_POLICY_NAME if fused else TE_POLICY_NAME
-    check_options: dict[str, Any] = {"policy_name": name} if fused else {}
-    if kind != "delayed":
-        check_options["recipe"] = kind
     return PrecisionPolicy(
         name=name,
         description=(
@@ -354,11 +329,9 @@ def make_te_policy(
         ),
         autocast_dtype=torch.bfloat16,
         peak_dtype="fp8",
-        prepare_model=functools.partial(convert_to_te, fused=True) if fused else convert_to_te,
+        prepare_model=functools.partial(convert_to_te, fused=fused),
         extra_context=region,
-        check=functools.partial(check_te_fp8_device, **check_options)
-        if check_options
-        else check_te_fp8_device,
+        check=functools.partial(check_te_fp8_device, policy_name=name, recipe=kind),
     )
 
 

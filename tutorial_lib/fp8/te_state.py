@@ -41,11 +41,10 @@ from .recipes import DelayedScaling
 from .scaling import (
     BWD_TENSORS_PER_GEMM,
     FWD_TENSORS_PER_GEMM,
-    Format,
     FP8ModuleState,
     ScalingMeta,
 )
-from .te_policy import te_recipe, te_recipe_kwargs
+from .te_policy import as_delayed_scaling, te_recipe, te_recipe_kwargs
 
 __all__ = [
     "TE_STATE_FORMAT",
@@ -145,10 +144,7 @@ def _plain_recipe(recipe: object) -> dict[str, Any]:
 
 def _our_recipe(recipe: object) -> DelayedScaling:
     """Our recipe from plain fields (a dict) or from a recipe object read duck-typed."""
-    fields = recipe if isinstance(recipe, dict) else None
-    kwargs = te_recipe_kwargs(SimpleNamespace(**fields) if fields is not None else recipe)
-    kwargs["fp8_format"] = Format[kwargs["fp8_format"]]
-    return DelayedScaling(**kwargs)
+    return as_delayed_scaling(SimpleNamespace(**recipe) if isinstance(recipe, dict) else recipe)
 
 
 def _float_tensor(value: object, name: str) -> torch.Tensor:

@@ -80,16 +80,11 @@ FP8_VARIANTS: dict[str, type[_FP8Sharded]] = {
 }
 
 
-def fp8_parallel_linear(layer: Any, cls: type[_FP8Sharded], **fp8_kwargs: Any) -> FP8Linear:
+def fp8_parallel_linear(layer: Any, cls: type[_FP8Sharded], **fp8_kwargs: Any) -> _FP8Sharded:
     """``cls``, the FP8 variant of the column- or row-parallel ``layer``, holding its
     Parameters (no copy), its group and its units."""
-    out_features, in_features = layer.weight.shape  # the local shapes
-    new = cls(in_features, out_features, bias=layer.bias is not None, device="meta", **fp8_kwargs)
-    new.weight = layer.weight
-    new.bias = layer.bias
+    new = cls.from_linear(layer, **fp8_kwargs)  # the local shapes
     new.group, new.unit_spec = layer.group, layer.unit_spec
     new.units, new.total_units = layer.units, layer.total_units
     new.sequence_parallel = bool(getattr(layer, "sequence_parallel", False))
-    new._init_fp8_buffers(new.fp8_state.forward.history_len, layer.weight.device)
-    new.train(layer.training)
     return new

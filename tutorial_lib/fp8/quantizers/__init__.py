@@ -26,15 +26,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .base import ROLES, QuantizedTensor, Quantizer, scale_from_amax
-from .block import BlockQuantizer, MXFP8Quantizer, float_to_e8m0
-from .fp4 import decode_e2m1, e2m1_codes, pack_fp4, rht_matrix, unpack_fp4
+from .base import QuantizedTensor, Quantizer
+from .block import BlockQuantizer, MXFP8Quantizer
 from .nvfp4 import NVFP4Quantizer
 from .per_tensor import CurrentQuantizer, DelayedQuantizer, RowwiseQuantizer
 
 __all__ = [
     "QUANTIZERS",
-    "ROLES",
     "get_quantizer",
     "QuantizedTensor",
     "Quantizer",
@@ -44,13 +42,6 @@ __all__ = [
     "MXFP8Quantizer",
     "NVFP4Quantizer",
     "RowwiseQuantizer",
-    "scale_from_amax",
-    "float_to_e8m0",
-    "e2m1_codes",
-    "decode_e2m1",
-    "pack_fp4",
-    "unpack_fp4",
-    "rht_matrix",
 ]
 
 QUANTIZERS: dict[str, type[Quantizer]] = {

@@ -18,12 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from ..formats import FP8Format
-from ..scaling import Format
+from ..scaling import FLT_MAX, Format
 from .fp4 import decode_e2m1, rht_matrix
 
 __all__ = [
     "ROLES",
-    "FLT_MAX",
     "QuantizedTensor",
     "Quantizer",
     "FP8Quantizer",
@@ -37,7 +36,6 @@ __all__ = [
 ]
 
 ROLES = ("input", "weight", "grad_output")  # the three GEMM operands a recipe quantizes
-FLT_MAX = torch.finfo(torch.float32).max
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
@@ -88,20 +86,25 @@ class QuantizedTensor:
             return decode_e2m1(self.data)
         return self.data.to(torch.float32)
 
+    def tile_scales(self) -> torch.Tensor:
+        """Each element's ``scale_inv`` in float32, without ``tensor_scale_inv``: a 0-d tensor
+        for a single scale, else the ``(rows, cols)`` matrix of its tiles' scales."""
+        scale = self.scale_inv.to(torch.float32)
+        if scale.numel() == 1:
+            return scale.reshape(())
+        rows, cols = as_matrix(self.data).shape
+        grid = scale.reshape(tile_grid(rows, cols, self.tile))
+        return expand_tiles(grid, self.tile, (rows, cols))
+
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """``value(data) * scale_inv`` per tile (times ``tensor_scale_inv``) in float32, cast to
         ``dtype`` (default: the input's dtype). An RHT-encoded tensor is transformed back."""
         q = as_matrix(self.values())
         rows, cols = q.shape
-        scale = self.scale_inv.to(torch.float32)
+        scale = self.tile_scales()
         if self.tensor_scale_inv is not None:
             scale = scale * self.tensor_scale_inv
-        if scale.numel() == 1:
-            out = q * scale.reshape(())
-        else:
-            out = q * expand_tiles(
-                scale.reshape(tile_grid(rows, cols, self.tile)), self.tile, q.shape
-            )
+        out = q * scale
         if self.rht:
             t = rht_matrix(out.device)
             out = (out.reshape(rows, -1, t.shape[0]) @ t.T).reshape(rows, cols)
@@ -273,8 +276,3 @@ def scale_from_amax(
         scale = bits.view(torch.float32)
     special = torch.isinf(a) | (a == 0) | torch.isnan(a)
     return torch.where(special, torch.ones_like(scale), scale)
-
-
-def input_max(dtype: torch.dtype) -> float:
-    """The largest finite value of an input dtype (float64 inputs are cast to float32)."""
-    return torch.finfo(torch.float32 if dtype == torch.float64 else dtype).max

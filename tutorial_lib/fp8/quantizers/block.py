@@ -26,7 +26,6 @@ from .base import (
     as_matrix,
     check_input,
     expand_tiles,
-    input_max,
     scale_from_amax,
     tensor_amax,
     tile_amax,
@@ -80,12 +79,13 @@ class BlockQuantizer(FP8Quantizer):
         check_input(x, "BlockQuantizer")
         fmt, tile, m = self.element_format, self.tile, as_matrix(x)
         amax = tile_amax(m, tile)
+        dtype = torch.float32 if x.dtype == torch.float64 else x.dtype  # float64 is cast first
         scale = scale_from_amax(
             amax,
             fmt.max,
             power_2=self.power_2_scale,
             epsilon=self.amax_epsilon,
-            value_for_inf=input_max(x.dtype),
+            value_for_inf=torch.finfo(dtype).max,
         )
         data = quantize(m, fmt, expand_tiles(scale, tile, m.shape))
         return self._result(

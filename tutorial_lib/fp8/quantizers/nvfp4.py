@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..formats import E4M3, quantize
+from ..scaling import FLT_MAX
 from .base import (
-    FLT_MAX,
     QuantizedTensor,
     Quantizer,
     as_matrix,

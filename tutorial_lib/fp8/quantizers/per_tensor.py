@@ -20,9 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from ..formats import E4M3, quantize
-from ..scaling import Format
+from ..scaling import FLT_MAX, Format
 from .base import (
-    FLT_MAX,
     FP8Quantizer,
     QuantizedTensor,
     Quantizer,
@@ -84,10 +83,7 @@ class DelayedQuantizer(_PerTensor):
 
     def quantize(self, x: torch.Tensor) -> QuantizedTensor:
         check_input(x, "DelayedQuantizer")
-        s = self.scale
-        scale = s.to(device=x.device, dtype=torch.float32) if isinstance(s, torch.Tensor) else None
-        if scale is None:
-            scale = torch.tensor(float(s), dtype=torch.float32, device=x.device)
+        scale = torch.as_tensor(self.scale, dtype=torch.float32, device=x.device)
         return self._quantize_with(x, scale.reshape(()))
 
 
