@@ -34,7 +34,6 @@ from tutorial_lib.cluster.validation import (
 from tutorial_lib.cluster.validation_hopper import (
     H100_ASSUMED,
     HOPPER_CALIBRATION_RUNS,
-    hopper_validation_summary,
     hopper_validation_table,
 )
 
@@ -63,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         }
         for r in table
     ]
+    hopper_table = hopper_validation_table()
     rows += [
         {
             "gpu": "H100",
@@ -77,9 +77,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
             "error": round(r["error"], 4),
             "calibration": r["calibration"],
         }
-        for r in hopper_validation_table()
+        for r in hopper_table
     ]
-    hopper = {f"hopper_{k}": v for k, v in hopper_validation_summary().items()}
+    hopper = {f"hopper_{k}": v for k, v in validation_summary(hopper_table).items()}
     meta = {
         **validation_summary(table),
         "a100_gemm_ceiling": A100_GEMM_CEILING,

@@ -29,13 +29,11 @@ import numpy as np
 import torch
 
 from tutorial_lib.bench import environment_stamp, write_and_print
-from tutorial_lib.cluster import (
-    PLAN_POLICIES,
-    TrainingJob,
-    ntp_reproduce,
-    plan_cluster,
-    random_failures,
-)
+from tutorial_lib.cluster.failures import random_failures
+from tutorial_lib.cluster.plan_options import PLAN_POLICIES
+from tutorial_lib.cluster.plans import plan_cluster
+from tutorial_lib.cluster.replica_cost import TrainingJob
+from tutorial_lib.cluster.reproduce import ntp_reproduce
 from tutorial_lib.config import get_preset
 from tutorial_lib.perf import benchmark
 

@@ -70,14 +70,13 @@ def build_model(
     device: torch.device | str | None = None,
     seed: int | None = None,
     weights: Mapping[str, torch.Tensor] | None = None,
-    layers: LayerFactory | None = None,
 ) -> GPT:
     """A new ``GPT`` for ``cfg`` with the transforms above applied, in that order.
 
     ``precision`` is a registered policy's name or a ``PrecisionPolicy``. ``seed`` (if given)
     seeds torch first, so equal seeds give equal initial weights whatever the recipe.
     ``weights``: start from these instead of a fresh initialisation (a plain ``GPT``'s state
-    dict: another run's model or a checkpoint's); they are loaded right after step 1. ``layers`` replaces step 1's factory (not with ``fused``).
+    dict: another run's model or a checkpoint's); they are loaded right after step 1.
     ``parallel``: this process's place in a parallel run (``ParallelDims``). Combinations that
     cannot work raise ``ValueError`` naming the conflict, before anything is built.
     """
@@ -89,18 +88,17 @@ def build_model(
         raise ValueError(f"Not supported: {problem}")
     policy = get_policy(precision, dev)  # raises if this device cannot run the precision
     precision = policy.name
-    if layers is not None and fused:
-        raise ValueError("Pass either layers= (your own factory) or fused=True, not both.")
     check_fp8_spans_every_process(policy, dims)
     if seed is not None:
         torch.manual_seed(seed)
     # 1. layers. A precision that swaps the Linear layers adds their bias in its GEMM, so the
     # Triton MLP must not take the bias out of the Linear to fold it into the GELU kernel.
+    layers: LayerFactory = TorchLayers()
     if fused:
         from .kernels.fused import TritonLayers
 
         layers = TritonLayers(fold_fc_bias=policy.prepare_model is None)
-    model = GPT(cfg, layers or TorchLayers())
+    model = GPT(cfg, layers)
     if weights is not None:
         model.load_state_dict(weights)
     # 2. tensor parallelism

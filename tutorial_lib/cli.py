@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .build import build_model
 from .checkpoint import load_checkpoint
 from .checkpoint.run import RUN_FILE
 from .config import GPTConfig, RunPreset, get_preset
@@ -158,7 +157,9 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def ntp_reproduce(args: argparse.Namespace) -> int:
-    from .cluster import TrainingJob, format_report, ntp_reproduce
+    from .cluster.replica_cost import TrainingJob
+    from .cluster.report import format_report
+    from .cluster.reproduce import ntp_reproduce
 
     job = TrainingJob.paper(shard_split=args.shard_split)
     report = ntp_reproduce(seed=args.seed, samples=args.samples, quick=args.quick, job=job)
@@ -208,38 +209,29 @@ def train(args: argparse.Namespace) -> int:
             "--sequence-parallel and --vocab-parallel split over the tensor-parallel ranks: "
             "use them with --tp 2 or more under torchrun."
         )
+    groups, device = (None, None, None), default_device(args.device)  # one process
     if args.dp * args.tp > 1:  # torchrun: one process per (data-parallel, tensor-parallel) rank
         check_layout(args.dp, args.tp, world, model_cfg)
         local_rows(cfg.batch_size, args.dp, 0)  # a batch that does not split: the error, first
         cpu = args.device is not None and torch.device(args.device).type == "cpu"
         joined = init_from_env("gloo" if cpu else None)  # NCCL on GPUs
-        groups = groups_2d(args.dp, args.tp, range(world))
-        assert groups is not None  # every process takes part
-        trainer: Trainer = parallel_trainer(
-            model_cfg,
-            data,
-            cfg,
-            groups,
-            args.dp_mode,
-            device=torch.device(args.device) if args.device else joined,
-            fused=args.fused,
-            compile=args.compile,
-            out_dir=args.out,
-            seed=args.seed,
-            sequence_parallel=args.sequence_parallel,
-            vocab_parallel=args.vocab_parallel,
-        )
-    else:
-        device = default_device(args.device)
-        model = build_model(
-            model_cfg,
-            precision=args.precision,
-            fused=args.fused,
-            compile=args.compile,
-            device=device,
-            seed=args.seed,
-        )
-        trainer = Trainer(model, data, cfg, device=device, out_dir=args.out)
+        found = groups_2d(args.dp, args.tp, range(world))
+        assert found is not None  # every process takes part
+        groups, device = found, torch.device(args.device) if args.device else joined
+    trainer = parallel_trainer(
+        model_cfg,
+        data,
+        cfg,
+        groups,
+        args.dp_mode,
+        device=device,
+        fused=args.fused,
+        compile=args.compile,
+        out_dir=args.out,
+        seed=args.seed,
+        sequence_parallel=args.sequence_parallel,
+        vocab_parallel=args.vocab_parallel,
+    )
     ckpt = trainer.checkpoint_path
     if args.resume:
         _resume(trainer, args.out)

@@ -2,10 +2,9 @@
 
 Two halves, so that the checks can be tested without the machine they describe:
 
-- ``gather_machine()`` (in ``tutorial_lib.machine_probe``, re-exported here) probes this machine
-  (Python, packages, GPU, disk, RAM, compiler, the ``TUTORIAL_PRESET`` variable) into a plain
-  ``Machine`` record. Each probe is a small function there, which tests replace with
-  ``monkeypatch``.
+- ``machine_probe.gather_machine()`` probes this machine (Python, packages, GPU, disk, RAM,
+  compiler, the ``TUTORIAL_PRESET`` variable) into a plain ``Machine`` record. Each probe is a
+  small function there, which tests replace with ``monkeypatch``.
 - ``evaluate(machine)`` is pure: it turns a ``Machine`` into one ``Check`` row per requirement
   (status ``ok``, ``missing`` or ``optional``, a detail and, for each problem, the fix) and a
   verdict. ``missing`` blocks the workshop; ``optional`` does not.
@@ -19,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .machine_probe import GPU, JUPYTER_FRONTENDS, NOTEBOOK_PACKAGES, Machine, gather_machine
+from .machine_probe import JUPYTER_FRONTENDS, NOTEBOOK_PACKAGES, Machine, gather_machine
 
 __all__ = [
     "OK",
@@ -30,12 +29,8 @@ __all__ = [
     "MIN_TORCH",
     "MIN_DISK_BYTES",
     "MIN_RAM_BYTES",
-    "NOTEBOOK_PACKAGES",
     "Check",
-    "GPU",
-    "Machine",
     "Readiness",
-    "gather_machine",
     "evaluate",
     "check_readiness",
     "format_readiness",

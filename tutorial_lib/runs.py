@@ -2,8 +2,9 @@
 
 ``run_training`` is the run every chapter compares with another (two runs that differ in one
 setting start from the same weights and see the same batches); ``parallel_trainer`` is one
-rank's trainer in a dp x tp layout: what ``python -m tutorial_lib train --dp D --tp T`` sets up
-on each process under torchrun, and what the spawned jobs of ``jobs.dp_workers`` train.
+rank's trainer in a dp x tp layout: what ``python -m tutorial_lib train`` sets up (in one
+process, or on each process of ``--dp D --tp T`` under torchrun), and what the spawned jobs of
+``jobs.dp_workers`` train.
 """
 
 from __future__ import annotations
@@ -76,11 +77,11 @@ def parallel_trainer(
     param_dtype: torch.dtype | None = None,
 ) -> Trainer:
     """This rank's trainer in a dp x tp layout, from its (data-parallel, tensor-parallel,
-    whole-job) ``groups`` (``parallel.mesh.groups_2d``): the model built with ``seed`` (the same
-    full weights on every rank, cut for its TP rank when the TP group has 2 ranks or more), data
-    parallelism in ``mode`` (``param_dtype``: FSDP2's). Build ``data`` with the same seed on
-    every rank. ``sequence_parallel`` and ``vocab_parallel`` split over the TP group
-    (``parallel.tp_model.TPGPT``)."""
+    whole-job) ``groups`` (``parallel.mesh.groups_2d``; ``(None, None, None)``: one process): the
+    model built with ``seed`` (the same full weights on every rank, cut for its TP rank when the
+    TP group has 2 ranks or more), data parallelism in ``mode`` (``param_dtype``: FSDP2's). Build
+    ``data`` with the same seed on every rank. ``sequence_parallel`` and ``vocab_parallel`` split
+    over the TP group (``parallel.tp_model.TPGPT``)."""
     dp_group, tp_group, job_group = groups
     spec = None
     if group_size(tp_group) > 1:

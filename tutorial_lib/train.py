@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .build import ModelRecipe, recipe_of
-from .checkpoint import CHECKPOINT_FORMAT, checkpoint_name, file_state, load_run, save_run
+from .checkpoint import CHECKPOINT_FORMAT, checkpoint_name, load_run, save_run
 from .data import TokenData
 from .hardware import default_device, describe_device
 from .model import GPT
@@ -298,10 +298,6 @@ class Trainer:
         """Where ``train()`` writes checkpoints: ``out_dir/checkpoint.pt``, or for a sharded
         model the DCP directory ``out_dir/checkpoint``."""
         return None if self.out_dir is None else self.out_dir / checkpoint_name(self.parallel)
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint file holds (one process holding the whole state)."""
-        return file_state(self.model, self.optimizer, self.run_state())
 
     def run_state(self) -> dict[str, Any]:
         """Everything a checkpoint holds except the model and the optimizer state: step,

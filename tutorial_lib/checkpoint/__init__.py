@@ -17,7 +17,6 @@ from .files import (
 from .run import (
     CHECKPOINT_FORMAT,
     checkpoint_name,
-    file_state,
     keep_implementation,
     load_run,
     save_run,
@@ -28,7 +27,6 @@ __all__ = [
     "CheckpointError",
     "checkpoint_name",
     "convert_checkpoint_file",
-    "file_state",
     "keep_implementation",
     "load_checkpoint",
     "load_model_state_dict",

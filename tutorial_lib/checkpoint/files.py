@@ -60,7 +60,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Open a checkpoint written by ``save_checkpoint`` without running any code from it.
 
     ``torch.load(weights_only=True)``: tensors, numbers, strings, lists, tuples and dicts only,
-    which is everything ``Trainer.state_dict`` holds. Anything else (a pickled object whose
+    which is everything a ``Trainer`` checkpoint holds. Anything else (a pickled object whose
     unpickling calls a function) is refused with ``CheckpointError``, as is a file that is not
     a whole ``torch.save`` archive.
     """

@@ -52,7 +52,6 @@ from .files import load_checkpoint, load_model_state_dict, model_state_dict, sav
 __all__ = [
     "CHECKPOINT_FORMAT",
     "checkpoint_name",
-    "file_state",
     "keep_implementation",
     "load_run",
     "save_run",
@@ -68,27 +67,18 @@ def checkpoint_name(dims: ParallelDims) -> str:
     return "checkpoint" if dims.sharded else "checkpoint.pt"
 
 
-def file_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, run_state: dict[str, Any]
-) -> dict[str, Any]:
-    """The content of a checkpoint file: the run state, the model (Transformer Engine's FP8
-    state as plain data: ``model_state_dict``) and the optimizer."""
-    return {**run_state, "model": model_state_dict(model), "optimizer": optimizer.state_dict()}
-
-
 def save_run(
     path: str | Path,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     run_state: dict[str, Any],
-    sharded: bool | None = None,
 ) -> Path:
     """Write the checkpoint of a run at ``model``'s layout (module docstring); every process of
-    the run calls it. ``sharded``: the form, if not the one the layout needs (a DCP directory
-    from one process, for example)."""
+    the run calls it. A file holds the run state, the model (Transformer Engine's FP8 state as
+    plain data: ``model_state_dict``) and the optimizer."""
     path, dims = Path(path), parallel_of(model)
-    if not (dims.sharded if sharded is None else sharded):
-        state = file_state(model, optimizer, run_state)
+    if not dims.sharded:
+        state = {**run_state, "model": model_state_dict(model), "optimizer": optimizer.state_dict()}
         on_rank0(dims.job, lambda: save_checkpoint(path, state))
         return path
     tmp = path.with_name(path.name + ".tmp")

@@ -29,14 +29,11 @@ from .tp_traffic import allreduce_bytes
 
 __all__ = [
     "ALGORITHMS",
-    "NVLS_RING_SPEEDUP_H100",
     "allreduce_time",
     "best_allreduce",
 ]
 
 ALGORITHMS = ("ring", "tree", "nvls")
-# Measured NVLS over ring algorithm bandwidth on 8 x H100 (275 / 211 GB/s, NVIDIA/nccl #2140).
-NVLS_RING_SPEEDUP_H100 = 275 / 211
 _TREE_BW = 0.5 * 0.92  # NCCL's tree all-reduce: algbw = 0.5 x 0.92 x bus bandwidth
 
 

@@ -6,7 +6,8 @@ what random failures do to data-parallel replicas.
   derives the rate from the Llama 3 405B pre-training run and the recovery times from the NTP
   paper's simulation.
 - ``simulate_trace`` -> ``FailureTrace``: which GPUs are down when, stored as one event per
-  failure (GPU, start, end); ``down_counts``, ``failed_fraction``, ``down_at``.
+  failure (GPU, start, end); ``down_counts``, ``failed_fraction``, ``down_per_group``,
+  ``down_at``.
   ``fraction_of_time_above``: the share of a trace with more than a given fraction failed.
 - ``random_failures``: a given fraction of GPUs failed, uniformly at random.
 - ``expected_replica_availability``: the chance that a replica avoids every one of a number of
@@ -203,10 +204,6 @@ class FailureTrace:
         return len(self.gpu)
 
     @property
-    def recovery_hours(self) -> np.ndarray:
-        return self.end - self.start
-
-    @property
     def times(self) -> np.ndarray:
         """The grid 0, step, 2 step, ... up to ``hours``, in hours."""
         return np.arange(math.floor(self.hours / self.step_hours + 1e-9) + 1) * self.step_hours
@@ -225,6 +222,16 @@ class FailureTrace:
     def failed_fraction(self, times: np.ndarray | None = None) -> np.ndarray:
         """Fraction of the GPUs down at each time (default ``self.times``)."""
         return self.down_counts(times) / self.n_gpus
+
+    def down_per_group(self, times: np.ndarray, size: int) -> np.ndarray:
+        """(len(times), n_gpus // size) GPUs down in each group of ``size`` consecutive GPUs (a
+        TP group) at each of the sorted ``times``."""
+        lo = np.searchsorted(times, self.start, side="left")  # first time with start <= t
+        hi = np.searchsorted(times, self.end, side="left")  # first time with t >= end
+        diff = np.zeros((len(times) + 1, self.n_gpus // size), np.int64)
+        np.add.at(diff, (lo, self.gpu // size), 1)
+        np.add.at(diff, (hi, self.gpu // size), -1)
+        return np.cumsum(diff, axis=0)[:-1]
 
     def down_at(self, t: float) -> np.ndarray:
         """(n_gpus,) bool: which GPUs are down at time ``t``."""

@@ -211,9 +211,8 @@ def hopper_gemm_upper_bound() -> float:
 
 # Calibrated ceilings (fraction of the datasheet peak a large GEMM reaches): fitted to A100 runs
 # with cuBLAS's large Ampere output tile, 256 x 128, the lowest error of 128 x 128, 128 x 256 and
-# 256 x 128 on the calibration rows (cluster.validation: calibrate_gemm_ceiling), and to
-# Megatron-Core's H100 runs (cluster.validation_hopper: calibrate_hopper_ceiling); tests
-# recompute both.
+# 256 x 128 on the calibration rows (cluster.validation), and to Megatron-Core's H100 runs
+# (cluster.validation_hopper); tests/test_gemm_model.py recomputes both.
 A100_GEMM_TILE = (256, 128)
 A100_GEMM_CEILING = 0.695
 HOPPER_GEMM_CEILING = 0.680

@@ -4,9 +4,10 @@ its policy keeps with the GPUs then down.
 
 - ``RestartCost``: what one interruption costs (detection, restart, checkpoint load, NTP's
   reshard) and what a checkpoint write costs, every default sourced.
-- ``young_interval`` and ``daly_interval``: the classic optimum checkpoint intervals;
-  ``expected_goodput``: the exact goodput of periodic checkpoints under Poisson failures (Daly's
-  model), against which both are approximations; ``job_mtbf_hours``: a job's MTBF.
+- ``young_interval`` and ``daly_interval``: the classic optimum checkpoint intervals, both
+  approximations of the maximiser of Daly's exact goodput of periodic checkpoints under Poisson
+  failures (``tests/test_goodput.py`` checks them and the simulation against it);
+  ``job_mtbf_hours``: a job's MTBF.
 - ``simulate_goodput`` -> ``GoodputResult``: goodput over a ``FailureTrace``, exactly (no
   "half an interval" average: the work lost is the work since the checkpoint before each
   failure), with a breakdown of where the rest of the time went.
@@ -56,7 +57,6 @@ __all__ = [
     "IntervalSweep",
     "young_interval",
     "daly_interval",
-    "expected_goodput",
     "job_mtbf_hours",
     "simulate_goodput",
     "optimal_interval",
@@ -139,11 +139,6 @@ class RestartCost:
         reshard = 0.0 if tp is None else self.reshard_s(job, tp)
         return self.detect_s + self.restart_s + self.load_s(job) + reshard
 
-    def expected_lost_s(self, interval_s: float) -> float:
-        """Compute lost per failure on average under random failures: half an interval
-        (first order; ``simulate_goodput`` counts the exact loss of each failure)."""
-        return check_time("interval_s", interval_s) / 2
-
     def as_dict(self, job: TrainingJob) -> dict[str, float]:
         """The parameters and what they give for ``job`` (for ``ntp_reproduce``'s setup)."""
         return {
@@ -178,27 +173,6 @@ def daly_interval(checkpoint_write_s: float, mtbf_s: float) -> float:
     return math.sqrt(2 * d * m) * (1 + math.sqrt(x) / 3 + x / 9) - d
 
 
-def expected_goodput(
-    interval_s: float,
-    checkpoint_write_s: float,
-    downtime_s: float,
-    mtbf_s: float,
-    throughput: float = 1.0,
-) -> float:
-    """Goodput of checkpoints every ``interval_s`` of compute under Poisson failures at rate
-    1/M that strike while running and while recovering (a failure in a recovery starts it
-    again): Daly's (2006) exact model, wall time M e^(R/M) (e^((tau+delta)/M) - 1) per tau of
-    work, so goodput = throughput x (tau / M) e^(-R/M) / (e^((tau + delta)/M) - 1), with
-    ``throughput`` the mean relative throughput the job runs at. Young's and Daly's intervals
-    approximate its maximiser."""
-    check_time("throughput", throughput)
-    tau = check_time("interval_s", interval_s, positive=True)
-    d = check_time("checkpoint_write_s", checkpoint_write_s)
-    r = check_time("downtime_s", downtime_s)
-    m = check_time("mtbf_s", mtbf_s, positive=True)
-    return throughput * tau / m * math.exp(-r / m) / math.expm1((tau + d) / m)
-
-
 def job_mtbf_hours(model: FailureModel, n_gpus: int) -> float:
     """Mean hours between failures of a job on ``n_gpus`` GPUs: 1 / (n x rate), with the rate
     lowered by the share of time a GPU is down (``FailureModel.expected_failures``). Llama 3's
@@ -221,17 +195,6 @@ class _Segments(NamedTuple):
     interrupted: np.ndarray
     downtime_s: np.ndarray
     hours: float
-
-
-def _counts_at(job: TrainingJob, trace: FailureTrace, times: np.ndarray) -> np.ndarray:
-    """(T, n_slots) failed GPUs per TP group at each of the sorted ``times``."""
-    lo = np.searchsorted(times, trace.start, side="left")  # first time with start <= t
-    hi = np.searchsorted(times, trace.end, side="left")  # first time with t >= end
-    diff = np.zeros((len(times) + 1, job.n_slots), np.int64)
-    slot = trace.gpu // job.base_tp
-    np.add.at(diff, (lo, slot), 1)
-    np.add.at(diff, (hi, slot), -1)
-    return np.cumsum(diff, axis=0)[:-1]
 
 
 def _lowest_degrees(job: TrainingJob, best: Best) -> np.ndarray:
@@ -265,7 +228,9 @@ def _segments(
         raise ValueError(f"The trace covers {trace.n_gpus} GPUs, the job {job.cluster.n_gpus}.")
     hours = trace.hours
     fails = trace.start[(trace.start >= 0) & (trace.start < hours)]
-    best = best_plans(job, _counts_at(job, trace, np.concatenate(([0.0], fails))), policy)
+    best = best_plans(
+        job, trace.down_per_group(np.concatenate(([0.0], fails)), job.base_tp), policy
+    )
     degree = _lowest_degrees(job, best)
     down_s = np.array([restart.downtime_s(job, int(d)) for d in degree[1:]])
     runs, thr, cut = [], [], []

@@ -93,21 +93,6 @@ class SpareResult:
     paused_fraction: float
 
 
-def _trace_states(trace: FailureTrace, n_slots: int, tp: int) -> tuple[np.ndarray, np.ndarray]:
-    """(durations (E,), counts (E, n_slots)): failed GPUs per TP group in each interval where the
-    trace is constant (between consecutive failure starts and ends)."""
-    edges = np.unique(np.clip(np.concatenate(([0.0], trace.start, trace.end)), 0.0, trace.hours))
-    times = edges[edges < trace.hours]
-    durations = np.diff(np.append(times, trace.hours))
-    lo = np.searchsorted(times, np.maximum(trace.start, 0.0), side="left")
-    hi = np.searchsorted(times, trace.end, side="left")
-    diff = np.zeros((len(times) + 1, n_slots), np.int64)
-    slot = trace.gpu // tp
-    np.add.at(diff, (lo, slot), 1)
-    np.add.at(diff, (hi, slot), -1)
-    return durations, np.cumsum(diff, axis=0)[:-1]
-
-
 def _capacity(job: TrainingJob, counts: np.ndarray, policy: str) -> np.ndarray:
     """Largest global batch the policy's plans reach on these (S, n) slot counts."""
     _, leaders = pack(job, counts)
@@ -134,7 +119,12 @@ def spare_domains(
         )
     available = (trace.n_gpus - n) // dom
     spd = job.slots_per_domain
-    durations, counts = _trace_states(trace, trace.n_gpus // job.base_tp, job.base_tp)
+    # the intervals where the trace is constant (between failure starts and ends): how long each
+    # lasts, and the failed GPUs per TP group in it
+    edges = np.unique(np.clip(np.concatenate(([0.0], trace.start, trace.end)), 0.0, trace.hours))
+    times = edges[edges < trace.hours]
+    durations = np.diff(np.append(times, trace.hours))
+    counts = trace.down_per_group(times, job.base_tp)
     target = job.par.global_batch
 
     def short(k: int, policy: str) -> np.ndarray:

@@ -29,7 +29,6 @@ __all__ = [
     "candidates",
     "evaluate",
     "best_plans",
-    "relative_throughput",
 ]
 
 
@@ -132,8 +131,3 @@ def best_plans(job: TrainingJob, counts: np.ndarray, policy: str) -> Best:
         key = np.stack([e.batches.sum(axis=1) for e in evaluations]) + thr / 2  # batch first
     arg = key.argmax(axis=0)
     return Best(thr[arg, np.arange(thr.shape[1])], arg, evaluations, order, leaders)
-
-
-def relative_throughput(job: TrainingJob, failed: np.ndarray, policy: str) -> float:
-    """Throughput of ``plan_cluster(job, failed, policy)`` relative to the job with no failures."""
-    return float(best_plans(job, slot_failures(job, failed), policy).throughput[0])

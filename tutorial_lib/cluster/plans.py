@@ -103,13 +103,9 @@ class ClusterPlan:
     healthy_global_batch: int
     throughput: float
 
-    @property
-    def core_tp(self) -> int:
-        return self.chosen.core
-
     def describe(self) -> str:
         lines = [
-            f"{self.policy} (plan {self.chosen.policy}, core TP {self.core_tp}): "
+            f"{self.policy} (plan {self.chosen.policy}, core TP {self.chosen.core}): "
             f"{len(self.replicas)} replicas, batch {self.global_batch}/"
             f"{self.healthy_global_batch}, step {self.step_time:.3f} s "
             f"(healthy {self.healthy_step_time:.3f} s), throughput {self.throughput:.4f}"

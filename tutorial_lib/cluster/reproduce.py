@@ -64,9 +64,9 @@ from .goodput import (
 )
 from .monte_carlo import availability_samples, spare_domains, throughput_samples
 from .plan_options import PLAN_POLICIES
-from .replica_cost import PAPER_CLUSTER, PAPER_MODEL, TrainingJob
+from .replica_cost import TrainingJob
 
-__all__ = ["PAPER_CLUSTER", "PAPER_MODEL", "PAPER_REPORTED", "AVAILABILITY_TPS", "ntp_reproduce"]
+__all__ = ["PAPER_REPORTED", "AVAILABILITY_TPS", "ntp_reproduce"]
 
 # What the paper reports (arXiv 2504.06095v1): the abstract; Figure 3 (availability, 32K GPUs,
 # uniform failures); Figure 4 (Llama 3 rates, 15 days); Figure 6 (largest loss over its range of

@@ -190,18 +190,6 @@ CLUSTERS: dict[str, ClusterSpec] = {
             + _HOPPER_NCCL_SOURCE,
         ),
         ClusterSpec(
-            name="DGX B200",
-            gpu=SPECS["B200"],
-            n_gpus=8,
-            domain_size=8,
-            nvlink_bandwidth=900e9,
-            scaleout_bandwidth=_IB_400G,
-            **BLACKWELL_NCCL,  # type: ignore[arg-type]
-            source="DGX BasePOD reference architecture: DGX B200, 4 OSFP ports serving 8 "
-            "single-port ConnectX-7 up to 400 Gb/s; HGX B200 datasheet: NVLink 5 1.8 TB/s; "
-            + BLACKWELL_NCCL_SOURCE,
-        ),
-        ClusterSpec(
             name="GB200 NVL72",
             gpu=GB200,
             n_gpus=72,

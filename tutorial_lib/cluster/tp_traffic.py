@@ -44,8 +44,6 @@ __all__ = [
     "ALLREDUCE_ALGORITHMS",
     "allreduce_factor",
     "allreduce_bytes",
-    "ring_allreduce_bytes",
-    "ring_allreduce_time",
     "tp_layer_comm_bytes",
     "tp_layer_flops",
     "tp_network_intensity",
@@ -104,16 +102,6 @@ def allreduce_factor(ranks: int, algorithm: str = "ring") -> float:
 def allreduce_bytes(nbytes: float, ranks: int, algorithm: str = "ring") -> float:
     """Bytes each rank sends (and receives) in an all-reduce of ``nbytes`` over ``ranks``."""
     return nbytes * allreduce_factor(ranks, algorithm)
-
-
-def ring_allreduce_bytes(nbytes: float, ranks: int) -> float:
-    """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes``: 2 S (t-1)/t."""
-    return allreduce_bytes(nbytes, ranks, "ring")
-
-
-def ring_allreduce_time(nbytes: float, ranks: int, bandwidth: float) -> float:
-    """Seconds for a bandwidth-bound ring all-reduce (no latency term)."""
-    return ring_allreduce_bytes(nbytes, ranks) / bandwidth
 
 
 def tp_layer_comm_bytes(

@@ -1,7 +1,7 @@
 """Chapter 10's figure of the TP ridge with a ring all-reduce and with NVLink SHARP (NVLS).
 
-Matplotlib lives here, not in ``tp_traffic`` (the cluster package stays numpy-only); like
-``explore``, this module is imported on its own, not by ``cluster/__init__``.
+Matplotlib lives here, not in ``tp_traffic`` (the cost model stays numpy-only), as it does in
+``explore``.
 """
 
 from __future__ import annotations

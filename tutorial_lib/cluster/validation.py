@@ -10,19 +10,23 @@ Two models are validated:
   (arXiv 2205.05198) Table 5 and section 6.3 (22B to 1T, full recomputation against selective
   recomputation with sequence parallelism, interleaved schedule with 3 chunks where they used
   it), and the PTD-P rows of Narayanan et al.'s Table 2 (175B and 530B on 384 to 2240 GPUs).
-  Fitted: the A100 GEMM ceiling (``A100_GEMM_CEILING``, ``calibrate_gemm_ceiling``) and the
-  tile shape (256 x 128 of the three tried), on Table 1's rows 1, 3, 5, 7 and 9 only. Every
-  other row is held out; ``validation_summary`` reports the held-out error separately.
+  Fitted: the A100 GEMM ceiling (``A100_GEMM_CEILING``) and the tile shape (256 x 128 of the
+  three tried), on Table 1's rows 1, 3, 5, 7 and 9 only. Every other row is held out;
+  ``validation_summary`` reports the held-out error separately (for this table and for
+  ``validation_hopper``'s).
+
+The fits themselves (a bisection and a golden-section search over the calibration rows) are in
+``tests/test_cost_model.py`` and ``tests/test_gemm_model.py``, which recompute every fitted
+constant.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from .cost_terms import iteration_time, tflops_per_gpu, training_flops
-from .gemm_model import A100_GEMM_CEILING, A100_GEMM_TILE, GemmModel
+from .gemm_model import A100_GEMM_CEILING, gemm_model_for
 from .specs import CLUSTERS, ClusterSpec, ModelSpec, ParallelConfig
 
 __all__ = [
@@ -30,13 +34,10 @@ __all__ = [
     "MEGATRON_2021_TABLE1",
     "CALIBRATION_ROWS",
     "A100_COMPUTE_EFFICIENCY",
-    "calibrate_compute_efficiency",
     "validation_table",
     "PublishedRun",
     "PUBLISHED_RUNS",
     "CALIBRATION_RUNS",
-    "calibrate_gemm_ceiling",
-    "golden_min",
     "gemm_validation_table",
     "validation_summary",
 ]
@@ -74,7 +75,7 @@ MEGATRON_2021_TABLE1: tuple[Table1Row, ...] = tuple(
     )
 )
 CALIBRATION_ROWS = (0, 2, 4, 6, 8)  # every other row; rows 1, 3, 5, 7, 9 are held out
-A100_COMPUTE_EFFICIENCY = 0.6116  # calibrate_compute_efficiency(), rounded; a test recomputes it
+A100_COMPUTE_EFFICIENCY = 0.6116  # fitted on CALIBRATION_ROWS, rounded; a test recomputes it
 
 
 def _table1_setup(row: Table1Row) -> tuple[ModelSpec, ClusterSpec, ParallelConfig]:
@@ -101,23 +102,6 @@ def _table1_setup(row: Table1Row) -> tuple[ModelSpec, ClusterSpec, ParallelConfi
         grad_bytes=2,
     )
     return model, CLUSTERS["DGX A100 (Selene)"].with_gpus(row.gpus), par
-
-
-def _efficiency_matching(row: Table1Row) -> float:
-    """The compute_efficiency at which the model reproduces ``row`` exactly (bisection)."""
-    lo, hi = 0.05, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if tflops_per_gpu(*_table1_setup(row), compute_efficiency=mid) < row.tflops:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def calibrate_compute_efficiency(rows: tuple[int, ...] = CALIBRATION_ROWS) -> float:
-    """Mean over ``rows`` of the efficiency that reproduces each row exactly."""
-    return sum(_efficiency_matching(MEGATRON_2021_TABLE1[i]) for i in rows) / len(rows)
 
 
 def validation_table(compute_efficiency: float = A100_COMPUTE_EFFICIENCY) -> list[dict]:
@@ -274,43 +258,14 @@ def _published_runs() -> tuple[PublishedRun, ...]:
 PUBLISHED_RUNS: tuple[PublishedRun, ...] = _published_runs()
 CALIBRATION_RUNS = tuple(f"T1 {MEGATRON_2021_TABLE1[i].params_b:g}B" for i in CALIBRATION_ROWS)
 # The A100's tile and ceiling (gemm_model.A100_GEMM_TILE, A100_GEMM_CEILING) were chosen on the
-# calibration rows above; a test recomputes them with calibrate_gemm_ceiling().
-
-
-def _a100_gemm(ceiling: float) -> GemmModel:
-    gpu = CLUSTERS["DGX A100 (Selene)"].gpu
-    return GemmModel(gpu, 108, ceiling, *A100_GEMM_TILE, source="A100, 108 SMs")
-
-
-def _errors(ceiling: float, runs: tuple[PublishedRun, ...]) -> list[float]:
-    gemm = _a100_gemm(ceiling)
-    return [r.seconds / iteration_time(*r.setup(), gemm=gemm).total - 1 for r in runs]
-
-
-def calibrate_gemm_ceiling(names: tuple[str, ...] = CALIBRATION_RUNS) -> float:
-    """The A100 GEMM ceiling with the least mean absolute error on the runs ``names`` (a
-    golden-section search over [0.4, 1])."""
-    runs = tuple(r for r in PUBLISHED_RUNS if r.name in names)
-    if len(runs) != len(names):
-        raise ValueError(f"Unknown run among {names}: see PUBLISHED_RUNS.")
-
-    return golden_min(lambda c: sum(abs(e) for e in _errors(c, runs)) / len(runs), 0.4, 1.0)
-
-
-def golden_min(loss: Callable[[float], float], lo: float, hi: float) -> float:
-    """The x in [lo, hi] where ``loss`` (one minimum there) is least: a golden-section search."""
-    ratio = (5**0.5 - 1) / 2
-    for _ in range(60):
-        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        lo, hi = (lo, b) if loss(a) < loss(b) else (a, hi)
-    return (lo + hi) / 2
+# calibration rows above; a test recomputes them.
 
 
 def gemm_validation_table(ceiling: float = A100_GEMM_CEILING) -> list[dict]:
     """Every run of ``PUBLISHED_RUNS``: measured and predicted seconds per iteration, the error
     (measured / predicted - 1: positive when the model is too fast, as a TFLOP/s error would
     read), whether the run calibrated the ceiling, and the predicted time's parts."""
-    gemm = _a100_gemm(ceiling)
+    gemm = gemm_model_for(CLUSTERS["DGX A100 (Selene)"].gpu, ceiling)
     table = []
     for r in PUBLISHED_RUNS:
         time = iteration_time(*r.setup(), gemm=gemm)
@@ -327,9 +282,9 @@ def gemm_validation_table(ceiling: float = A100_GEMM_CEILING) -> list[dict]:
     return table
 
 
-def validation_summary(table: list[dict] | None = None) -> dict[str, float]:
-    """Mean and largest absolute error over the calibration rows and over the held-out rows."""
-    table = gemm_validation_table() if table is None else table
+def validation_summary(table: list[dict]) -> dict[str, float]:
+    """Mean and largest absolute error over the calibration rows and over the held-out rows of
+    ``table`` (``gemm_validation_table``'s or ``validation_hopper.hopper_validation_table``'s)."""
     out: dict[str, float] = {}
     for key, rows in (
         ("calibration", [r for r in table if r["calibration"]]),

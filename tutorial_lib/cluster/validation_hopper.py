@@ -17,9 +17,10 @@ GEMMs (``ParallelConfig.overlap_tp_comm``), an overlapped DP reduce-scatter and 
 all-gather with a distributed optimizer, and v = 1, on DGX H100.
 
 One parameter is fitted, as the A100's ceiling was: the end-to-end GEMM ceiling
-(``HOPPER_GEMM_CEILING``, ``calibrate_hopper_ceiling``), on the declared runs
-``HOPPER_CALIBRATION_RUNS`` (the smallest, a middle and the largest: 1.7B, 70B and 462B).
-``hopper_validation_summary`` reports the error on the six held-out runs separately. The fitted
+(``HOPPER_GEMM_CEILING``; the fit is recomputed in ``tests/test_gemm_model.py``), on the declared
+runs ``HOPPER_CALIBRATION_RUNS`` (the smallest, a middle and the largest: 1.7B, 70B and 462B).
+``validation.validation_summary`` of ``hopper_validation_table()`` reports the error on the six
+held-out runs separately. The fitted
 ceiling sits below the one a lone BF16 8192^3 GEMM reached on an H200
 (``gemm_model.hopper_gemm_upper_bound``), as the A100's end-to-end ceiling sits below a lone
 GEMM's: a training step's GEMMs share the GPU with everything the model does not list.
@@ -33,7 +34,6 @@ from typing import Any
 from .cost_terms import iteration_time, training_flops
 from .gemm_model import gemm_model_for
 from .specs import CLUSTERS, ClusterSpec, ModelSpec, ParallelConfig
-from .validation import golden_min
 
 __all__ = [
     "H100Run",
@@ -41,9 +41,7 @@ __all__ = [
     "H100_ASSUMED",
     "HOPPER_CALIBRATION_RUNS",
     "hopper_setup",
-    "calibrate_hopper_ceiling",
     "hopper_validation_table",
-    "hopper_validation_summary",
 ]
 
 H100_ASSUMED = (
@@ -102,8 +100,7 @@ MEGATRON_CORE_H100: tuple[H100Run, ...] = tuple(
 
 
 HOPPER_CALIBRATION_RUNS = ("1.7B", "70B", "462B")
-# gemm_model.HOPPER_GEMM_CEILING was fitted on these runs; a test recomputes it with
-# calibrate_hopper_ceiling().
+# gemm_model.HOPPER_GEMM_CEILING was fitted on these runs; a test recomputes it.
 
 
 def hopper_setup(run: H100Run) -> tuple[ModelSpec, ClusterSpec, ParallelConfig]:
@@ -120,30 +117,6 @@ def hopper_setup(run: H100Run) -> tuple[ModelSpec, ClusterSpec, ParallelConfig]:
         distributed_optimizer=True,
     )
     return run.model(), CLUSTERS["DGX H100"].with_gpus(run.gpus), par
-
-
-def _runs(names: tuple[str, ...]) -> tuple[H100Run, ...]:
-    runs = tuple(r for r in MEGATRON_CORE_H100 if r.name in names)
-    if len(runs) != len(names):
-        raise ValueError(
-            f"Unknown run among {names}; known: {[r.name for r in MEGATRON_CORE_H100]}."
-        )
-    return runs
-
-
-def _error(run: H100Run, ceiling: float) -> float:
-    model, cluster, par = hopper_setup(run)
-    return (
-        run.seconds
-        / iteration_time(model, cluster, par, gemm=gemm_model_for(cluster.gpu, ceiling)).total
-        - 1
-    )
-
-
-def calibrate_hopper_ceiling(names: tuple[str, ...] = HOPPER_CALIBRATION_RUNS) -> float:
-    """Hopper's GEMM ceiling with the least mean absolute error on the runs ``names``."""
-    runs = _runs(names)
-    return golden_min(lambda c: sum(abs(_error(r, c)) for r in runs) / len(runs), 0.4, 1.0)
 
 
 def hopper_validation_table(ceiling: float | None = None) -> list[dict[str, Any]]:
@@ -175,15 +148,3 @@ def hopper_validation_table(ceiling: float | None = None) -> list[dict[str, Any]
             }
         )
     return table
-
-
-def hopper_validation_summary(ceiling: float | None = None) -> dict[str, float]:
-    """Mean and largest absolute error on the held-out runs and on the calibration runs."""
-    table = hopper_validation_table(ceiling)
-    out: dict[str, float] = {}
-    for key, calibration in (("held_out", False), ("calibration", True)):
-        errors = [abs(r["error"]) for r in table if r["calibration"] is calibration]
-        out[f"{key}_runs"] = len(errors)
-        out[f"{key}_mean_abs_error"] = sum(errors) / len(errors)
-        out[f"{key}_max_abs_error"] = max(errors)
-    return out

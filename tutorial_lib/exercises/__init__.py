@@ -4,11 +4,11 @@ In a notebook::
 
     from tutorial_lib import exercises
 
-    print(exercises.stub("4.1"))             # the cell the reader edits
-    exercises.check("4.1", quantize_e4m3)    # compare with tutorial_lib.fp8.quantize
+    print(exercises.get_exercise("4.1").stub)  # the cell the reader edits
+    exercises.check("4.1", quantize_e4m3)      # compare with tutorial_lib.fp8.quantize
 
-- ``checker``: ``check``, ``ExerciseError``, ``CheckResult``, the registry (``list_exercises``,
-  ``get_exercise``, ``stub``);
+- ``checker``: ``check``, ``ExerciseError``, ``CheckResult``, the registry (``REGISTRY``, in
+  chapter order, and ``get_exercise``);
 - ``base``: ``Exercise`` (title, signature, task, stub, cases, reference) and tolerances;
 - ``feedback``: what is wrong with a result, in a sentence;
 - ``ch01`` .. ``ch11``: one file per chapter, holding its exercises.
@@ -17,28 +17,6 @@ The worked solutions are not in the package: each chapter shows its own under th
 and the tests keep them (``tests/exercise_solutions.py``) and check that they pass.
 """
 
-from .base import Case, Exercise, Tolerance
-from .checker import (
-    REGISTRY,
-    CheckResult,
-    ExerciseError,
-    check,
-    get_exercise,
-    list_exercises,
-    notebook_cells,
-    stub,
-)
+from .checker import REGISTRY, CheckResult, ExerciseError, check, get_exercise
 
-__all__ = [
-    "Case",
-    "Exercise",
-    "Tolerance",
-    "REGISTRY",
-    "CheckResult",
-    "ExerciseError",
-    "check",
-    "get_exercise",
-    "list_exercises",
-    "stub",
-    "notebook_cells",
-]
+__all__ = ["REGISTRY", "CheckResult", "ExerciseError", "check", "get_exercise"]

@@ -34,9 +34,6 @@ __all__ = [
     "CheckResult",
     "REGISTRY",
     "get_exercise",
-    "list_exercises",
-    "stub",
-    "notebook_cells",
     "check",
 ]
 
@@ -91,34 +88,6 @@ def get_exercise(exercise_id: str) -> Exercise:
     except KeyError:
         known = ", ".join(REGISTRY)
         raise KeyError(f"No exercise {exercise_id!r}; the exercises are {known}.") from None
-
-
-def list_exercises() -> list[Exercise]:
-    """Every exercise, in chapter order."""
-    return sorted(REGISTRY.values(), key=lambda ex: tuple(int(p) for p in ex.id.split(".")))
-
-
-def stub(exercise_id: str) -> str:
-    """The source of the notebook cell the reader edits: imports and the stub function."""
-    return get_exercise(exercise_id).stub
-
-
-def notebook_cells(exercise_id: str) -> dict[str, str]:
-    """The cells a chapter shows for an exercise: ``markdown`` (the task), ``stub`` (the code
-    cell the reader edits) and ``check`` (one line; the notebook imports ``exercises`` from
-    ``tutorial_lib`` in its first cell)."""
-    ex = get_exercise(exercise_id)
-    markdown = (
-        f"**Write it yourself.** {ex.task}\n\n"
-        f"Fill in `{ex.function}` below, run its cell, then the check under it: the check runs "
-        "your function on a few odd inputs next to the package's own implementation and says "
-        "what differs (until you write it, it only says *not written yet*)."
-    )
-    return {
-        "markdown": markdown,
-        "stub": ex.stub.rstrip("\n"),
-        "check": f"exercises.check({ex.id!r}, {ex.function})".replace("'", '"'),
-    }
 
 
 def _reader_frames(exc: BaseException, keep: int = 4) -> str:

@@ -49,12 +49,11 @@ def plot_shard_maps(
     maps: Mapping[str, ShardMap],
     title: str = "Which TP rank owns which units",
     note: str | None = None,
-    annotate_heads: bool = True,
 ) -> Figure:
     """One row per named map: heads (left) and FFN columns (right), coloured by owning rank.
 
-    ``note`` goes under the figure (e.g. what the maps are for); ``annotate_heads`` writes the
-    rank number into each head's cell when there are at most 32 heads.
+    ``note`` goes under the figure (e.g. what the maps are for); with at most 32 heads, each
+    head's cell shows the number of its rank.
     """
     if not maps:
         raise ValueError("Give at least one shard map to draw.")
@@ -88,7 +87,7 @@ def plot_shard_maps(
                 ax.set_xticks(range(len(owners)))
             else:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            if axis == "heads" and annotate_heads and len(owners) <= 32:
+            if axis == "heads" and len(owners) <= 32:
                 for unit, rank in enumerate(owners):
                     ax.text(
                         unit,

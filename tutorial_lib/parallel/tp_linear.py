@@ -3,8 +3,9 @@
 
 ``ColumnParallelLinear`` holds this rank's rows of the weight and multiplies ``f(x)``: its output
 stays sharded. ``RowParallelLinear`` holds this rank's columns and sums the partial products with
-``g``, then adds the replicated bias once. ``column_input``, ``row_output`` and ``row_bias`` are
-that wiring (with its sequence-parallel form), shared with the FP8 variants of ``tp_fp8``.
+``g``, then adds the replicated bias once. ``comm``'s ``column_input``, ``row_output`` and
+``row_bias`` are that wiring (with its sequence-parallel form), shared with the FP8 variants of
+``tp_fp8``.
 """
 
 from __future__ import annotations
@@ -18,13 +19,7 @@ from torch import nn
 from .comm import Group, column_input, row_bias, row_output
 from .shard import UnitSpec, global_index
 
-__all__ = [
-    "ColumnParallelLinear",
-    "RowParallelLinear",
-    "column_input",
-    "row_output",
-    "row_bias",
-]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear"]
 
 
 class _ShardedLinear(nn.Module):
