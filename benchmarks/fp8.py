@@ -24,7 +24,7 @@
     check that the native kernel reads the scales as the emulation applies them. A recipe this GPU
     cannot run is a ``skipped`` row with ``check_recipe_device``'s reason.
 
-All go through ``perf.write_results`` (stamped with device and date) and are printed.
+All go through ``bench.write_results`` (stamped with device and date) and are printed.
 Numbers are for the device this ran on, and say so: a CPU run is a CPU result.
 """
 

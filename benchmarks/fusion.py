@@ -16,7 +16,7 @@ Each row has the median time, the op's minimum HBM traffic (``kernels.traffic``)
 bandwidth against that minimum and, on a GPU in the spec table, the fraction of the datasheet's
 HBM bandwidth. The whole-step part trains the preset's model for a few steps eager, compiled and
 (on a GPU) with our kernels, through the ladder's ``run_rung``. Everything is written through
-``perf.write_results("fusion", ...)``: numbers are for the device this ran on, and say so.
+``bench.write_results("fusion", ...)``: numbers are for the device this ran on, and say so.
 The measuring code is ``tutorial_lib.bench.fusion_bench`` (chapter 7 calls it too).
 """
 

@@ -31,7 +31,7 @@ steps each. A row's ``ms_per_step`` is the median over rounds of each round's me
 session (record_shapes), the models interleaved, and writes ``<name>_ops``: per op, its calls and
 self CPU ms per step for each model (the profiler's own start/stop lines go to stderr).
 
-Results go through ``perf.write_and_print`` (``model_speed__<device>__<preset>__<date>.json``/
+Results go through ``bench.write_and_print`` (``model_speed__<device>__<preset>__<date>.json``/
 ``.md``), stamped with the CPU model, torch version and date; ``meta.cpu_threads`` is torch's
 thread count, ``meta.loadavg_1min`` the machine's load before and after the timing, and
 ``meta.round_ms`` every round's median. A CPU result is a CPU result; on a shared machine it also

@@ -5,7 +5,7 @@
 
 ``make test`` runs every notebook under nbmake (``-n 2``: two at a time, after the unit tests,
 one math thread each) and writes a JUnit XML report; this script reads the notebooks' rows from it and
-writes ``notebook_times__<cpu>__<date>.json``/``.md`` through ``perf.write_results``, stamped
+writes ``notebook_times__<cpu>__<date>.json``/``.md`` through ``bench.write_results``, stamped
 with the machine (CPU model and matrix instructions, torch, date). Each row: the notebook, its
 seconds, its outcome, and whether it stayed within the budget (90 s at the ``ci`` preset on a
 2-core CPU). ``--inductor-cache`` records whether ``torch.compile``'s on-disk cache was warm: on a

@@ -7,7 +7,7 @@ For every policy (default: all registered) the script checks that this device ca
 not, the row records ``skipped`` and the reason. Otherwise it builds the preset's model, times
 steps on synthetic tokens with ``perf.benchmark`` and records step time, tokens/s, MFU against
 the datasheet (``None`` off the spec table, e.g. on a CPU) and peak memory. Results go through
-``perf.write_results("precision", ...)`` and are printed as a table.
+``bench.write_results("precision", ...)`` and are printed as a table.
 
 Numbers are for the device this ran on, and say so: a CPU run is a CPU result.
 """

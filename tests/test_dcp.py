@@ -8,6 +8,7 @@ import io
 import os
 import pickle
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -15,10 +16,11 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from tutorial_lib.build import build_model
-from tutorial_lib.checkpoint import CheckpointError, save_run
+from tutorial_lib.checkpoint import CheckpointError
 from tutorial_lib.checkpoint.dcp import SafeLoadPlanner
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
+from tutorial_lib.parallel.mesh import ParallelDims
 from tutorial_lib.train import TrainConfig, Trainer
 
 CFG = GPTConfig(vocab_size=256, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -32,8 +34,9 @@ def _trainer(seed: int = 0) -> Trainer:
 
 
 def save_sharded(trainer: Trainer, path: Path) -> Path:
-    """The DCP form, from one process."""
-    return save_run(path, trainer.model, trainer.optimizer, trainer.run_state(), sharded=True)
+    """The DCP form, from one process (whose layout would write a file)."""
+    with mock.patch.object(ParallelDims, "sharded", True):
+        return trainer.save(path)
 
 
 def load_sharded(trainer: Trainer, path: Path) -> None:

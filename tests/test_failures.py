@@ -119,11 +119,12 @@ def test_recovery_times_have_the_configured_means(dist: str, cv: float | None) -
     trace = simulate_trace(model, 20_000, 10, seed=11)
     cv = cv if cv is not None else math.sqrt(math.exp(0.8**2) - 1)  # lognormal sd / mean
     for mask, rec in ((trace.hardware, hw), (~trace.hardware, sw)):
-        times = trace.recovery_hours[mask]
+        times = (trace.end - trace.start)[mask]
         assert abs(times.mean() - rec.mean_hours) < 4 * cv * rec.mean_hours / math.sqrt(len(times))
     fixed = simulate_trace(LLAMA3, 32768, 15, seed=0)
-    np.testing.assert_allclose(fixed.recovery_hours[fixed.hardware], 120.0)
-    np.testing.assert_allclose(fixed.recovery_hours[~fixed.hardware], 3.0)
+    recovery = fixed.end - fixed.start
+    np.testing.assert_allclose(recovery[fixed.hardware], 120.0)
+    np.testing.assert_allclose(recovery[~fixed.hardware], 3.0)
 
 
 def test_a_down_gpu_cannot_fail_again_and_the_down_share_is_stationary() -> None:

@@ -6,23 +6,34 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import dataclasses  # noqa: E402
+
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tutorial_lib.bench import gemm_bench as gs  # noqa: E402
-from tutorial_lib.config import PRESETS  # noqa: E402
+from tutorial_lib.config import PRESETS, RunPreset  # noqa: E402
 
 CACHE = 256 * 2**10  # a pretend 256 KiB cache: tiny GEMMs need many sets to exceed it
 SMALL, WIDTHS = 16, (32, 48)
 
 
+def _preset(widths: tuple, small: int = SMALL, warmup: int = 0, iters: int = 2) -> RunPreset:
+    """The ci preset with the sweep's widths and timing set for a test."""
+    return dataclasses.replace(
+        PRESETS["ci"],
+        gemm_widths=widths,
+        gemm_small_width=small,
+        bench_warmup=warmup,
+        bench_iters=iters,
+    )
+
+
 @pytest.fixture(scope="module")
 def records() -> list[gs.GemmTiming]:
     """One tiny sweep on the CPU (two timed calls each): a few hundred milliseconds."""
-    return gs.gemm_sweep(
-        PRESETS["ci"], "cpu", widths=WIDTHS, small_width=SMALL, cache_bytes=CACHE, warmup=0, iters=2
-    )
+    return gs.gemm_sweep(_preset(WIDTHS), "cpu", cache_bytes=CACHE)
 
 
 def test_records_come_in_order_with_consistent_fields(records: list[gs.GemmTiming]) -> None:
@@ -81,7 +92,7 @@ def test_ci_widths_are_small_and_hopper_widths_span_4096_to_8192() -> None:
 @pytest.mark.parametrize("bad", [100, 0, 8, 16.0])
 def test_widths_must_be_multiples_of_16(bad: object) -> None:
     with pytest.raises(ValueError, match="multiples of 16"):
-        gs.gemm_sweep(PRESETS["ci"], "cpu", widths=[bad], cache_bytes=CACHE)  # type: ignore[list-item]
+        gs.gemm_sweep(_preset((bad,)), "cpu", cache_bytes=CACHE)
 
 
 def test_table_and_plot(records: list[gs.GemmTiming]) -> None:
@@ -111,7 +122,7 @@ def test_units_switch_to_tflops_on_fast_records(records: list[gs.GemmTiming]) ->
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_path_matches_fp8_support() -> None:
-    recs = gs.gemm_sweep(PRESETS["ci"], "cuda", widths=[256], small_width=64, warmup=1, iters=2)
+    recs = gs.gemm_sweep(_preset((256,), small=64, warmup=1), "cuda")
     fp8_ok = gs.fp8_gemm_status(torch.device("cuda"))[0]
     for r in (r for r in recs if r.dtype == "fp8"):
         assert r.path == (gs.FP8_TENSOR_CORES if fp8_ok else gs.FP8_EMULATION)

@@ -340,7 +340,7 @@ def test_every_output_element_is_written_cross_entropy() -> None:
     logits, targets = randn(37, 300, scale=3), _targets(37, 300, ignore_every=5)
     loss, lse, rows, n_valid = cross_entropy_forward(logits, targets, block_v=64, block_m=4)
     dx = cross_entropy_backward(
-        torch.tensor(1.0, device=DEVICE), logits, targets, lse, block_v=64, block_m=4
+        torch.tensor(1.0, device=DEVICE), logits, targets, lse, n_valid, block_v=64, block_m=4
     )
     lr = leaf(logits, F64)
     F.cross_entropy(lr, targets).backward()

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from tutorial_lib.hardware import SPECS
 from tutorial_lib.perf import (
-    OpStat,
     benchmark,
     format_mfu,
     format_op_table,
@@ -24,6 +23,7 @@ from tutorial_lib.perf import (
     reset_peak_memory,
 )
 from tutorial_lib.perf import timing as timing_mod
+from tutorial_lib.perf.profiler import OpStat
 from tutorial_lib.perf.timing import naive_time, synced_time
 
 # ---- benchmark -----------------------------------------------------------------------------
@@ -33,12 +33,10 @@ def test_benchmark_counts_calls_and_summarises() -> None:
     calls = []
     result = benchmark(lambda: calls.append(1), warmup=2, iters=7, device="cpu")
     assert len(calls) == 2 + 7  # warm-up calls run but are not timed
-    assert result.iters == len(result.times) == 7 and result.warmup == 2
-    assert result.device == "cpu"
+    assert result.iters == len(result.times) == 7
     assert result.min <= result.median <= result.max
     assert result.median == sorted(result.times)[3]
     assert all(t >= 0 for t in result.times)
-    assert "7 runs on cpu" in str(result)
 
 
 class VirtualDevice:

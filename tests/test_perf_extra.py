@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from tutorial_lib.perf import (
-    MemoryReport,
     benchmark,
     l2_cache_bytes,
     make_rotating_inputs,
@@ -22,6 +21,7 @@ from tutorial_lib.perf import (
     synced_time,
 )
 from tutorial_lib.perf import timing as timing_mod
+from tutorial_lib.perf.memory import MemoryReport
 
 if TYPE_CHECKING:
     from conftest import FakeStream

@@ -34,7 +34,7 @@ from tutorial_lib.cluster.monte_carlo import (
     spare_domains,
     throughput_samples,
 )
-from tutorial_lib.cluster.packing import relative_throughput, slot_failures
+from tutorial_lib.cluster.packing import best_plans, slot_failures
 from tutorial_lib.cluster.plan_options import PLAN_POLICIES, option_table
 from tutorial_lib.cluster.plans import plan_cluster
 from tutorial_lib.cluster.replica_cost import PowerBoost, TrainingJob
@@ -144,8 +144,8 @@ def test_no_failures_is_full_throughput() -> None:
 @example(VARIANTS[3], {0, 1, 4, 5, 6, 8, 12, 16, 20}, {2})
 def test_more_failures_never_raise_throughput(job: TrainingJob, first: set, more: set) -> None:
     for policy in PLAN_POLICIES:
-        before = relative_throughput(job, np.array(sorted(first), dtype=np.int64), policy)
-        after = relative_throughput(job, np.array(sorted(first | more), dtype=np.int64), policy)
+        before = plan_cluster(job, np.array(sorted(first), dtype=np.int64), policy).throughput
+        after = plan_cluster(job, np.array(sorted(first | more), dtype=np.int64), policy).throughput
         assert after <= before + 1e-12
 
 
@@ -180,7 +180,9 @@ def test_throughput_samples_are_nested_and_match_plan() -> None:
         assert np.all(np.diff(thr, axis=0) <= 1e-12), policy  # the same samples fail further
     assert np.all(out["dp-drop"] <= out["ntp"] + 1e-12)
     failed = np.array([0, 20, 40])
-    assert plan_cluster(JOB, failed, "ntp").throughput == relative_throughput(JOB, failed, "ntp")
+    assert plan_cluster(JOB, failed, "ntp").throughput == float(
+        best_plans(JOB, slot_failures(JOB, failed), "ntp").throughput[0]
+    )
 
 
 # ---- packing on hand-made failures --------------------------------------------------------------
@@ -207,9 +209,9 @@ def test_worst_groups_go_first_and_set_the_degree() -> None:
     failed = [0, 1, 12, 24, 36]  # group 0 lost 2 GPUs, groups 3, 6 and 9 one each
     ntp = plan_cluster(JOB, failed, "ntp")
     assert [(r.slots, r.tp) for r in ntp.replicas[:2]] == [((0, 3), 2), ((6, 9), 3)]
-    assert ntp.core_tp == 2 and ntp.replicas[0].gpus.tolist() == [2, 3, 13, 14]
+    assert ntp.chosen.core == 2 and ntp.replicas[0].gpus.tolist() == [2, 3, 13, 14]
     one = plan_cluster(dataclasses.replace(JOB, one_reduced_tp=True), failed, "ntp")
-    assert all(r.tp == one.core_tp for r in one.replicas if r.failed)  # ntp.plan_ntp's rule
+    assert all(r.tp == one.chosen.core for r in one.replicas if r.failed)  # ntp.plan_ntp's rule
 
 
 def test_dead_groups_and_fallback_to_dp_drop() -> None:

@@ -99,9 +99,7 @@ def test_register_duplicate_rejected(registry: dict[str, PrecisionPolicy]) -> No
     assert get_policy("fp32") is original
 
 
-def test_register_overwrite_and_new(registry: dict[str, PrecisionPolicy]) -> None:
-    replaced = register_policy(PrecisionPolicy("fp32", "replaced"), overwrite=True)
-    assert get_policy("fp32") is replaced
+def test_register_new(registry: dict[str, PrecisionPolicy]) -> None:
     extra = register_policy(PrecisionPolicy("test-only", "registered by a test"))
     assert "test-only" in available_policies() and get_policy("test-only") is extra
 

@@ -12,19 +12,17 @@ import pytest
 
 from tutorial_lib import machine_probe, readiness
 from tutorial_lib.__main__ import main
+from tutorial_lib.machine_probe import GPU, Machine, gather_machine
 from tutorial_lib.readiness import (
-    GPU,
     MIN_DISK_BYTES,
     MIN_RAM_BYTES,
     MISSING,
     OK,
     OPTIONAL,
     SETUP_FIX,
-    Machine,
     check_readiness,
     evaluate,
     format_readiness,
-    gather_machine,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

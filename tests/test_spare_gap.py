@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-import tutorial_lib.cluster as cluster
 from tutorial_lib.__main__ import main
+from tutorial_lib.cluster import reproduce
 from tutorial_lib.cluster.failures import FailureModel, simulate_trace
 from tutorial_lib.cluster.monte_carlo import spare_domains
 from tutorial_lib.cluster.plan_options import option_table
@@ -80,7 +80,7 @@ def test_cli_shard_split_flag(
         jobs.append(kwargs["job"])
         return {"quick": kwargs["quick"]}
 
-    monkeypatch.setattr(cluster, "ntp_reproduce", fake)
+    monkeypatch.setattr(reproduce, "ntp_reproduce", fake)
     for split in SHARD_SPLITS:
         assert main(["ntp-reproduce", "--json", "--quick", "--shard-split", split]) == 0
     assert main(["ntp-reproduce", "--json", "--quick"]) == 0  # default: whole

@@ -445,14 +445,14 @@ def test_conversion_refuses_what_does_not_fit(
     torch.manual_seed(0)
     bf16 = short_run(GPT(RUN_CFG), data_factory(block_size=32), "bf16", 1)
     bf16.train()
-    state = bf16.state_dict()
+    state = load_checkpoint(bf16.save(tmp_path / "bf16.pt"))
     with pytest.raises(ValueError, match="in precision 'bf16'.*needs one trained in 'fp8'"):
         convert_checkpoint(state, "te-fp8")
     with pytest.raises(ValueError, match="Can convert to"):
         convert_checkpoint(state, "mxfp8")
     fp8 = short_run(GPT(RUN_CFG), data_factory(block_size=32), "fp8", 1)
     fp8.train()
-    state = fp8.state_dict()
+    state = load_checkpoint(fp8.save(tmp_path / "fp8.pt"))
     with pytest.raises(ValueError, match="in precision 'fp8'.*needs one trained in 'te-fp8'"):
         convert_checkpoint(state, "fp8")
     te = convert_checkpoint(state, "te-fp8")
@@ -564,7 +564,12 @@ def test_conversion_refuses_a_broken_model_state(
 ) -> None:
     from tutorial_lib.fp8.te_checkpoint import convert_checkpoint
 
-    state = _trainer_for({"model_config": dataclasses.asdict(RUN_CFG)}).state_dict()
+    trainer = _trainer_for({"model_config": dataclasses.asdict(RUN_CFG)})
+    state = {
+        **trainer.run_state(),
+        "model": model_state_dict(trainer.model),
+        "optimizer": trainer.optimizer.state_dict(),
+    }
     if to == "fp8":
         state = convert_checkpoint(state, "te-fp8")
     change(state["model"])

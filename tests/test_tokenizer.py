@@ -148,7 +148,6 @@ def test_rows_stay_those_asked_for_when_the_corpus_has_fewer_pairs(tmp_path: Pat
 def test_preset_tokenizer_and_data_follow_the_preset(text_file: Path) -> None:
     ci = PRESETS["ci"]
     assert isinstance(preset_tokenizer(ci), ByteTokenizer)
-    assert isinstance(preset_tokenizer("ci"), ByteTokenizer)
     byte_data = preset_data(ci, path=text_file)
     assert byte_data.block_size == ci.model_config().block_size
     assert byte_data.train.dtype == torch.uint8

@@ -399,7 +399,10 @@ def test_malicious_checkpoint_is_refused_and_runs_nothing(
 ) -> None:
     trainer = _trainer(tiny_cfg, tiny_data, _cfg(steps=1))
     marker = tmp_path / "code_ran"
-    state = {**trainer.state_dict(), "payload": _RunsCodeWhenUnpickled(marker)}
+    state = {
+        **load_checkpoint(trainer.save(tmp_path / "good.pt")),
+        "payload": _RunsCodeWhenUnpickled(marker),
+    }
     bad = save_checkpoint(tmp_path / "shared.pt", state)  # a real torch.save archive
     with pytest.raises(
         CheckpointError, match=r"Refusing to open .*shared\.pt.* posix\.mkdir,"
@@ -456,7 +459,11 @@ def test_every_checkpoint_we_write_opens_safely(
     trainer = _trainer(tiny_cfg, tiny_data, _cfg(steps=2, eval_every=1, eval_iters=1))
     trainer.train()
     path = trainer.save(tmp_path / "checkpoint.pt")
-    assert torch.load(path, weights_only=True).keys() == trainer.state_dict().keys()
+    assert torch.load(path, weights_only=True).keys() == {
+        *trainer.run_state(),
+        "model",
+        "optimizer",
+    }
 
 
 # ---- checkpoints: atomic writes ------------------------------------------------------------

@@ -83,13 +83,10 @@ class OpRecord:
     output_dtype: str | None  # dtype of the first tensor output; None if there is none
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _tensor_dtypes(tree: Any) -> tuple[str, ...]:
+    """The dtypes of the tensors in ``tree``, as short names like "bfloat16"."""
     leaves, _ = tree_flatten(tree)
-    return tuple(_dtype_name(t.dtype) for t in leaves if isinstance(t, torch.Tensor))
+    return tuple(str(t.dtype).removeprefix("torch.") for t in leaves if isinstance(t, torch.Tensor))
 
 
 class _Recorder(TorchDispatchMode):

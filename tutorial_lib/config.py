@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypedDict
 import torch
 
 from .checks import check_positive_ints
+from .tokenizer import pad_vocab
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -194,13 +195,8 @@ class RunPreset:
         a bytes preset keeps the named size's (256 for the book's byte-level sizes)."""
         merged: GPTConfigOverrides = {**self.model_overrides, **overrides}
         if self.tokenizer == "bpe" and "vocab_size" not in merged:
-            merged["vocab_size"] = -(-self.bpe_vocab // 64) * 64
+            merged["vocab_size"] = pad_vocab(self.bpe_vocab)
         return GPTConfig.from_name(self.model, **merged)
-
-    @property
-    def tokens_per_step(self) -> int:
-        cfg = self.model_config()
-        return self.batch_size * self.grad_accum * cfg.block_size
 
 
 PRESETS: dict[str, RunPreset] = {

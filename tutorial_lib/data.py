@@ -198,55 +198,42 @@ def train_split_bytes(corpus: bytes, val_fraction: float = 0.1) -> bytes:
 
 
 @functools.lru_cache(maxsize=4)
-def _trained_bpe(path: str | None, max_bytes: int | None, vocab: int) -> BPETokenizer:
-    return train_bpe(train_split_bytes(load_corpus(path, max_bytes=max_bytes)), vocab)
+def _trained_bpe(path: str | None, vocab: int) -> BPETokenizer:
+    return train_bpe(train_split_bytes(load_corpus(path)), vocab)
 
 
 @functools.lru_cache(maxsize=4)
-def _bpe_tokens(
-    path: str | None, max_bytes: int | None, vocab: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _bpe_tokens(path: str | None, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The corpus tokenized once per process (read-only; every TokenData samples its own)."""
-    corpus = load_corpus(path, max_bytes=max_bytes)
-    return _bpe_splits(corpus, _trained_bpe(path, max_bytes, vocab))
+    return _bpe_splits(load_corpus(path), _trained_bpe(path, vocab))
 
 
 def preset_tokenizer(
-    preset: RunPreset | str | None = None,
-    path: str | Path | None = None,
-    max_bytes: int | None = 8_000_000,
+    preset: RunPreset, path: str | Path | None = None
 ) -> ByteTokenizer | BPETokenizer:
-    """The tokenizer ``preset`` (a ``RunPreset``, its name, or None for ``get_preset()``) trains
-    with: ``ByteTokenizer``, or a BPE of ``preset.bpe_vocab`` tokens trained on the training
-    split of the corpus (``load_corpus(path, max_bytes)``), once per process: later calls with
-    the same arguments return the same tokenizer."""
-    from .config import get_preset
-
-    preset = preset if preset is not None and not isinstance(preset, str) else get_preset(preset)
+    """The tokenizer ``preset`` trains with: ``ByteTokenizer``, or a BPE of ``preset.bpe_vocab``
+    tokens trained on the training split of the corpus (``load_corpus(path)``), once per
+    process: later calls with the same arguments return the same tokenizer."""
     if preset.tokenizer == "bytes":
         return ByteTokenizer()
     where = None if path is None else str(Path(path).expanduser().resolve())
-    return _trained_bpe(where, max_bytes, preset.bpe_vocab)
+    return _trained_bpe(where, preset.bpe_vocab)
 
 
 def preset_data(
-    preset: RunPreset | str | None = None,
+    preset: RunPreset,
     seed: int = 0,
     path: str | Path | None = None,
-    max_bytes: int | None = 8_000_000,
     block_size: int | None = None,
 ) -> TokenData:
     """``make_data`` with the preset's tokenizer (``preset_tokenizer``) at its model's context
     length (or ``block_size``): the data a notebook trains on, at either preset. A BPE corpus is
     tokenized once per process and shared; each call gets its own seeded sampler."""
-    from .config import get_preset
-
-    preset = preset if preset is not None and not isinstance(preset, str) else get_preset(preset)
     block = block_size or preset.model_config().block_size
     if preset.tokenizer == "bytes":
-        return make_data(block, path, seed=seed, max_bytes=max_bytes)
+        return make_data(block, path, seed=seed)
     where = None if path is None else str(Path(path).expanduser().resolve())
-    train, val = _bpe_tokens(where, max_bytes, preset.bpe_vocab)
+    train, val = _bpe_tokens(where, preset.bpe_vocab)
     return TokenData(train, val, block_size=block, seed=seed)
 
 

@@ -27,7 +27,6 @@ __all__ = [
     "TRAIN_MULTIPLIER",
     "RECOMPUTE_PASSES",
     "matmul_flops",
-    "matmul_params",
     "attention_linear_flops",
     "attention_score_flops",
     "mlp_flops",
@@ -50,14 +49,6 @@ RECOMPUTE_PASSES = {"none": 3, "selective": 3, "full": 4}
 def matmul_flops(m: int, n: int, k: int) -> int:
     """(m, k) @ (k, n): 2mnk."""
     return 2 * m * n * k
-
-
-def matmul_params(layers: int, hidden: int, vocab: int, ffn: int | None = None) -> int:
-    """Weights that take part in a matmul: per layer QKV 3h^2, projection h^2 and MLP 2hf (12h^2
-    for f = 4h), plus the (tied) LM head V h. Forward FLOPs without attention scores are twice
-    this (``forward_flops_per_token`` at s = 0)."""
-    f = 4 * hidden if ffn is None else ffn
-    return layers * (4 * hidden * hidden + 2 * hidden * f) + vocab * hidden
 
 
 def attention_linear_flops(hidden: int) -> int:
@@ -97,7 +88,8 @@ def forward_flops_per_token(
     layers: int, hidden: int, seq: int, vocab: int, ffn: int | None = None, causal: bool = False
 ) -> int:
     """Forward matmul FLOPs per token: l (8h^2 + 4hf + 4sh) + 2hV, i.e. 2N + 4lsh with
-    N = ``matmul_params`` (the Kaplan/PaLM count); ``causal``: the masked scores left out."""
+    N = l (4h^2 + 2hf) + Vh the weights that take part in a matmul, the (tied) LM head once
+    (the Kaplan/PaLM count); ``causal``: the masked scores left out."""
     return layers * layer_forward_flops(hidden, seq, ffn, causal) + lm_head_flops(hidden, vocab)
 
 
@@ -109,18 +101,14 @@ def selective_recompute_flops(seq: int, hidden: int) -> int:
     return 3 * attention_score_flops(seq, hidden)
 
 
-def _check_recompute(recompute: str) -> None:
-    if recompute not in RECOMPUTE_PASSES:
-        raise ValueError(f"recompute must be one of {tuple(RECOMPUTE_PASSES)}, got {recompute!r}.")
-
-
 def layer_training_flops(
     hidden: int, seq: int, ffn: int | None = None, recompute: str = "none", causal: bool = False
 ) -> tuple[int, int]:
     """Training FLOPs per token of one layer, split as (attention side, MLP side): the attention
     side (QKV, projection, Q K^T, P V, and selective recomputation) shards by heads under
     tensor parallelism, the MLP (4hf) by its f columns. Each is ``RECOMPUTE_PASSES`` forwards."""
-    _check_recompute(recompute)
+    if recompute not in RECOMPUTE_PASSES:
+        raise ValueError(f"recompute must be one of {tuple(RECOMPUTE_PASSES)}, got {recompute!r}.")
     passes = RECOMPUTE_PASSES[recompute]
     scores = attention_score_flops(seq, hidden, causal)
     attention = passes * (attention_linear_flops(hidden) + scores)

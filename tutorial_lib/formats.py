@@ -29,7 +29,6 @@ __all__ = [
     "FP16",
     "BF16",
     "FORMATS",
-    "get_format",
     "round_to_format",
     "nonnegative_values",
     "finite_values",
@@ -154,17 +153,7 @@ TF32 = FloatFormat("TF32", exp_bits=8, man_bits=10, torch_dtype=None)
 FP16 = FloatFormat("FP16", exp_bits=5, man_bits=10, torch_dtype=torch.float16)
 BF16 = FloatFormat("BF16", exp_bits=8, man_bits=7, torch_dtype=torch.bfloat16)
 
-FORMATS: dict[str, FloatFormat] = {"fp32": FP32, "tf32": TF32, "fp16": FP16, "bf16": BF16}
-
-
-def get_format(fmt: str | FloatFormat) -> FloatFormat:
-    """A ``FloatFormat`` as given, or looked up in ``FORMATS`` by (case-insensitive) name."""
-    if isinstance(fmt, FloatFormat):
-        return fmt
-    found = FORMATS.get(str(fmt).lower())
-    if found is None:
-        raise ValueError(f"Unknown format {fmt!r}. Available: {', '.join(FORMATS)}.")
-    return found
+FORMATS: dict[str, FloatFormat] = {"fp32": FP32, "tf32": TF32, "bf16": BF16, "fp16": FP16}
 
 
 def _pow2(k: torch.Tensor) -> torch.Tensor:
@@ -243,5 +232,5 @@ def format_table() -> list[dict[str, object]]:
             "eps": fmt.eps,
             "decimal_digits": fmt.decimal_digits,
         }
-        for fmt in (FP32, TF32, BF16, FP16)
+        for fmt in FORMATS.values()
     ]

@@ -44,19 +44,22 @@ class DeviceSpec:
 
 _TB = 1e12
 
+# NVIDIA H100 Tensor Core GPU datasheet (SXM5 column; sparse figures halved): FP64 TC 67 TF,
+# TF32 494.5 TF, BF16/FP16 989.5 TF, FP8 1979 TF; FP32 (non-TC) 67 TF. The H200 datasheet (SXM)
+# gives the same compute: only the memory differs.
+_HOPPER_SXM_PEAKS = {
+    "fp32": 67e12,
+    "tf32": 494.5e12,
+    "bf16": 989.5e12,
+    "fp16": 989.5e12,
+    "fp8": 1979e12,
+}
+
 # Every number below is dense (non-sparse) and from the vendor's datasheet named in `source`.
 SPECS: dict[str, DeviceSpec] = {
     "H100 SXM": DeviceSpec(
         name="H100 SXM",
-        # NVIDIA H100 Tensor Core GPU datasheet (SXM5 column; sparse figures halved):
-        # FP64 TC 67 TF, TF32 494.5 TF, BF16/FP16 989.5 TF, FP8 1979 TF; FP32 (non-TC) 67 TF.
-        peak_flops={
-            "fp32": 67e12,
-            "tf32": 494.5e12,
-            "bf16": 989.5e12,
-            "fp16": 989.5e12,
-            "fp8": 1979e12,
-        },
+        peak_flops=_HOPPER_SXM_PEAKS,
         hbm_bandwidth=3.35 * _TB,  # datasheet: 3.35 TB/s HBM3
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense values",
     ),
@@ -76,15 +79,7 @@ SPECS: dict[str, DeviceSpec] = {
     ),
     "H200": DeviceSpec(
         name="H200",
-        # NVIDIA H200 Tensor Core GPU datasheet (SXM; same compute as H100 SXM, sparse halved):
-        # TF32 494.5 TF, BF16 989.5 TF, FP8 1979 TF, FP32 67 TF.
-        peak_flops={
-            "fp32": 67e12,
-            "tf32": 494.5e12,
-            "bf16": 989.5e12,
-            "fp16": 989.5e12,
-            "fp8": 1979e12,
-        },
+        peak_flops=_HOPPER_SXM_PEAKS,
         hbm_bandwidth=4.8 * _TB,  # datasheet: 4.8 TB/s HBM3e
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM), dense values",
     ),

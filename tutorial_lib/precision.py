@@ -103,32 +103,27 @@ class PrecisionPolicy:
 POLICIES: dict[str, PrecisionPolicy] = {}
 
 
-def register_policy(policy: PrecisionPolicy, *, overwrite: bool = False) -> PrecisionPolicy:
+def register_policy(policy: PrecisionPolicy) -> PrecisionPolicy:
     """Add a policy to the registry (later chapters register ``fp8`` and ``te-fp8``)."""
-    if policy.name in POLICIES and not overwrite:
+    if policy.name in POLICIES:
         raise ValueError(f"A precision policy named {policy.name!r} is already registered.")
     POLICIES[policy.name] = policy
     return policy
 
 
 # Policies registered by packages that precision.py must not import at module import time (they
-# import it): name -> (module, registering function). Loaded on first use of the registry.
-_LAZY_POLICIES: dict[str, tuple[str, str]] = {
-    "fp8": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
-    "fp8-current": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
-    "fp8-block": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
-    "mxfp8": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
-    "nvfp4": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
-    "fp8-rowwise": ("tutorial_lib.fp8.policy", "register_fp8_policies"),
-    "te-fp8": ("tutorial_lib.fp8.te_policy", "register_te_policy"),
-    "te-fp8-fused": ("tutorial_lib.fp8.te_policy", "register_te_policy"),
-}
+# import it): (module, registering function), called on first use of a name not registered yet.
+_LAZY_POLICIES = (
+    ("tutorial_lib.fp8.policy", "register_fp8_policies"),
+    ("tutorial_lib.fp8.te_policy", "register_te_policy"),
+)
 
 
 def _load_lazy_policies(name: str | None = None) -> None:
-    """Register the lazily imported policies (``name`` only, if given) that are missing."""
-    for lazy, (module, function) in _LAZY_POLICIES.items():
-        if lazy not in POLICIES and name in (None, lazy):
+    """Register the lazily imported policies (the FP8 and TE ones), unless ``name`` is
+    registered already. Each registering function registers its policies once."""
+    if name is None or name not in POLICIES:
+        for module, function in _LAZY_POLICIES:
             getattr(importlib.import_module(module), function)()
 
 

@@ -46,21 +46,18 @@ ROWS_FILE = "tokenizer.rows.json"  # {"asked": the vocabulary train_bpe was aske
 _CHUNK = 1 << 16  # bytes per training text chunk
 
 
-def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
-    """``vocab_size`` rounded up to a multiple of ``multiple`` (50257 -> 50304)."""
-    if vocab_size < 1 or multiple < 1:
-        raise ValueError(f"Need a positive vocabulary and multiple, got {vocab_size}, {multiple}.")
-    return -(-vocab_size // multiple) * multiple
+def pad_vocab(vocab_size: int) -> int:
+    """``vocab_size`` rounded up to a multiple of 64 (50257 -> 50304)."""
+    if vocab_size < 1:
+        raise ValueError(f"Need a positive vocabulary, got {vocab_size}.")
+    return -(-vocab_size // 64) * 64
 
 
 class BPETokenizer:
     """A trained byte-level BPE tokenizer (a ``tokenizers.Tokenizer``)."""
 
-    name = "bpe"
-
-    def __init__(self, tokenizer: Any, pad_multiple: int = 64, asked: int | None = None) -> None:
+    def __init__(self, tokenizer: Any, asked: int | None = None) -> None:
         self.tokenizer = tokenizer
-        self.pad_multiple = pad_multiple
         self.asked = asked  # the vocabulary train_bpe was asked for (None: vocab_size)
 
     @property
@@ -71,8 +68,8 @@ class BPETokenizer:
     @property
     def padded_vocab_size(self) -> int:
         """The embedding's and LM head's rows: the vocabulary asked for (at least ``vocab_size``)
-        rounded up to ``pad_multiple``."""
-        return pad_vocab(max(self.vocab_size, self.asked or 0), self.pad_multiple)
+        rounded up to a multiple of 64."""
+        return pad_vocab(max(self.vocab_size, self.asked or 0))
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text).ids)
@@ -129,9 +126,10 @@ class BPETokenizer:
         return cls(tokenizer, asked=asked)
 
 
-def train_bpe(corpus: bytes, vocab_size: int, min_frequency: int = 2) -> BPETokenizer:
+def train_bpe(corpus: bytes, vocab_size: int) -> BPETokenizer:
     """A byte-level BPE tokenizer of ``vocab_size`` tokens (256 bytes, one end-of-text token and
-    the merges) trained on ``corpus`` (decoded as UTF-8; invalid bytes become U+FFFD)."""
+    the merges, each of a pair seen at least twice) trained on ``corpus`` (decoded as UTF-8;
+    invalid bytes become U+FFFD)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 257 + 1:
@@ -144,7 +142,7 @@ def train_bpe(corpus: bytes, vocab_size: int, min_frequency: int = 2) -> BPEToke
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        min_frequency=min_frequency,
+        min_frequency=2,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[END_OF_TEXT],
         show_progress=False,

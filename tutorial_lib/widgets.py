@@ -10,7 +10,7 @@ import base64
 import html
 import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -18,7 +18,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from .formats import FloatFormat, get_format, round_to_format
+from .formats import FORMATS, FloatFormat, round_to_format
 
 __all__ = [
     "rounding_rows",
@@ -29,13 +29,10 @@ __all__ = [
     "fp8_explorer",
 ]
 
-DEFAULT_FORMATS = ("fp32", "tf32", "bf16", "fp16")
 
-
-def rounding_rows(
-    value: float, formats: Sequence[str | FloatFormat] = DEFAULT_FORMATS
-) -> list[dict[str, Any]]:
-    """What each format stores for ``value``: one row per format.
+def rounding_rows(value: float) -> list[dict[str, Any]]:
+    """What each format of ``formats.FORMATS`` (FP32, TF32, BF16, FP16) stores for ``value``:
+    one row per format.
 
     Keys: ``format`` (display name, e.g. "BF16"), ``rounded`` (the stored value, a float),
     ``abs_error`` = |rounded - value|, ``rel_error`` = abs_error / |value| (0 for value 0; inf or
@@ -44,8 +41,7 @@ def rounding_rows(
     """
     value = float(value)
     rows = []
-    for name in formats:
-        fmt = get_format(name)
+    for fmt in FORMATS.values():
         rounded = float(round_to_format(value, fmt))
         abs_error = abs(rounded - value)
         rel_error = abs_error / abs(value) if value != 0 else (0.0 if rounded == 0 else math.inf)
@@ -61,16 +57,14 @@ def rounding_rows(
     return rows
 
 
-def rounding_table_html(
-    value: float, formats: Sequence[str | FloatFormat] = DEFAULT_FORMATS
-) -> str:
+def rounding_table_html(value: float) -> str:
     """``rounding_rows`` as an HTML table (the explorer's output; also fine for a static page)."""
     header = "".join(
         f"<th style='text-align:right;padding:2px 8px'>{h}</th>"
         for h in ("format", "stored value", "abs. error", "rel. error", "spacing")
     )
     body = []
-    for r in rounding_rows(value, formats):
+    for r in rounding_rows(value):
         cells = [
             r["format"],
             f"{r['rounded']:.10g}",
@@ -99,9 +93,7 @@ def _import_ipywidgets() -> Any:
     return ipywidgets
 
 
-def rounding_explorer(
-    value: float = 1 / 3, formats: Sequence[str | FloatFormat] = DEFAULT_FORMATS
-) -> Any:
+def rounding_explorer(value: float = 1 / 3) -> Any:
     """A ``VBox``: type a number (or drag its magnitude on a log slider), see how each format
     stores it. Children: ``[FloatText, FloatLogSlider, HTML]``.
 
@@ -120,11 +112,11 @@ def rounding_explorer(
         readout_format=".3e",
         continuous_update=False,
     )
-    table = widgets.HTML(value=rounding_table_html(value, formats))
+    table = widgets.HTML(value=rounding_table_html(value))
     busy = [False]  # guards against the text <-> slider echo
 
     def on_text(change: dict[str, Any]) -> None:
-        table.value = rounding_table_html(change["new"], formats)
+        table.value = rounding_table_html(change["new"])
         if not busy[0]:
             busy[0] = True
             slider.value = _slider_magnitude(change["new"])
@@ -149,11 +141,9 @@ def _slider_magnitude(value: float) -> float:
     return min(max(a, 1e-45), 10**38.5)
 
 
-def plot_spacing(
-    formats: Sequence[str | FloatFormat] = DEFAULT_FORMATS, ax: Axes | None = None
-) -> Figure:
+def plot_spacing(ax: Axes | None = None) -> Figure:
     """*Relative* gap between neighbouring representable numbers vs magnitude, log-log, one step
-    curve per format from its smallest subnormal to its max.
+    curve per format of ``formats.FORMATS`` from its smallest subnormal to its max.
 
     In the normal range the gap doubles every binade, so the relative gap (gap / |x|) stays
     between 2^-man_bits and 2^-(man_bits+1): a flat band whose height is the precision and whose
@@ -162,8 +152,7 @@ def plot_spacing(
     """
     if ax is None:
         _, ax = plt.subplots()
-    for name in formats:
-        fmt = get_format(name)
+    for fmt in FORMATS.values():
         lo, hi = math.log10(fmt.min_subnormal), math.log10(fmt.max)
         xs = [10 ** (lo + (hi - lo) * i / 1999) for i in range(2000)]
         xs[-1] = fmt.max * (1 - 2.0 ** -(fmt.man_bits + 2))  # just below max: finite gap

@@ -14,7 +14,7 @@ measuring tools of ``tutorial_lib.perf``, and nothing below it imports it.
 """
 
 from . import attention_bench, overheads
-from .fp8_model import GemmCost, linear_layer_cost, sweep
+from .fp8_model import linear_layer_cost, sweep
 from .gemm_bench import gemm_sweep, gemm_sweep_table, plot_gemm_sweep
 from .policy_bench import benchmark_policies, make_step
 from .recipe_runs import loss_curves, recipe_runs
@@ -45,7 +45,6 @@ __all__ = [
     "recipe_runs",
     "loss_curves",
     # FP8 cost model (chapter 5)
-    "GemmCost",
     "linear_layer_cost",
     "sweep",
     # measured BF16 vs FP8 GEMMs on rotating inputs (chapter 5)

@@ -33,9 +33,9 @@ __all__ = [
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 ATTENTION_KINDS: dict[str, AttentionFn] = {
-    "naive": lambda q, k, v: attention_reference(q, k, v, causal=True),
+    "naive": attention_reference,
     "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-    "ours (Triton)": lambda q, k, v: flash_attention(q, k, v, causal=True),
+    "ours (Triton)": flash_attention,
 }
 
 
@@ -59,15 +59,13 @@ def attention_memory(
     head_dim: int,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
-    kinds: Sequence[str] = tuple(ATTENTION_KINDS),
     max_len: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows ``{"kind", "seq", "peak_bytes", "qkv_bytes"}``: one causal forward and backward
-    pass (batch 1), its peak above the inputs. ``max_len[kind]``: the longest T to run that
-    kind at (our kernel in Triton's interpreter is slow)."""
+    """Rows ``{"kind", "seq", "peak_bytes", "qkv_bytes"}`` for each of ``ATTENTION_KINDS``: one
+    causal forward and backward pass (batch 1), its peak above the inputs. ``max_len[kind]``:
+    the longest T to run that kind at (our kernel in Triton's interpreter is slow)."""
     rows = []
-    for kind in kinds:
-        attend = ATTENTION_KINDS[kind]
+    for kind, attend in ATTENTION_KINDS.items():
         for seq in lengths:
             if max_len is not None and seq > max_len.get(kind, seq):
                 continue
@@ -140,7 +138,7 @@ def sdpa_backend_rows(
     else:
 
         def ours() -> None:
-            flash_attention(q, k, v, causal=True).sum().backward()
+            flash_attention(q, k, v).sum().backward()
 
         rows.append({**row, **_timed(ours, flops, iters, device)})
     return rows

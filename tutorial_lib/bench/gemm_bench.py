@@ -30,7 +30,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure, SubFigure
 
-from ..config import RunPreset, get_preset
+from ..config import RunPreset
 from ..fp8.formats import E4M3, quantize
 from ..fp8.gemm import scaled_gemm
 from ..hardware import default_device, fp8_gemm_status
@@ -98,13 +98,6 @@ def rotation_bytes(bytes_per_set: int, cache_bytes: int | None) -> int:
     return max(2 * (cache_bytes or 64 * 2**20), bytes_per_set)
 
 
-def _fp8_runs_on(device: torch.device) -> tuple[bool, str]:
-    """``(emulate, path)``: real FP8 only on a CUDA GPU with FP8 tensor cores."""
-    if device.type == "cuda" and fp8_gemm_status(device)[0]:
-        return False, FP8_TENSOR_CORES
-    return True, FP8_EMULATION
-
-
 def _operand_maker(
     math: str, n: int, device: torch.device
 ) -> tuple[Callable[[], tuple[torch.Tensor, ...]], Callable[..., torch.Tensor], str]:
@@ -115,7 +108,8 @@ def _operand_maker(
     if math == "bf16":
         a16, b16 = a.bfloat16(), b.bfloat16()
         return (lambda: (a16.clone(), b16.clone())), torch.matmul, BF16_MATMUL
-    emulate, path = _fp8_runs_on(device)
+    emulate = not (device.type == "cuda" and fp8_gemm_status(device)[0])  # FP8 tensor cores?
+    path = FP8_EMULATION if emulate else FP8_TENSOR_CORES
     one = torch.ones((), device=device)
     # cuBLASLt's FP8 GEMM wants the second operand column-major; clone() keeps the strides.
     a8, b8 = quantize(a, E4M3, one), quantize(b, E4M3, one).t().contiguous().t()
@@ -158,41 +152,26 @@ def _time_gemm(
     )
 
 
-def _check_widths(widths: Sequence[int]) -> None:
-    for n in widths:
+def gemm_sweep(
+    preset: RunPreset,
+    device: torch.device | str | None = None,
+    *,
+    cache_bytes: int | None = None,
+) -> list[GemmTiming]:
+    """Time BF16 and FP8 square GEMMs: the small one (``preset.gemm_small_width``) on the same
+    inputs, then the sweep (``preset.gemm_widths``) on rotating inputs, ``preset.bench_warmup``
+    and ``preset.bench_iters`` calls each. Returns the records, small width first, BF16 before
+    FP8 at each width. ``cache_bytes`` defaults to ``perf.l2_cache_bytes(device)``.
+    """
+    device = default_device(device)
+    small, widths = preset.gemm_small_width, list(preset.gemm_widths)
+    for n in (small, *widths):
         if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n % 16:
             raise ValueError(
                 f"GEMM widths must be multiples of 16 (torch._scaled_mm's rule), got {n!r}"
             )
-
-
-def gemm_sweep(
-    preset: RunPreset | None = None,
-    device: torch.device | str | None = None,
-    *,
-    widths: Sequence[int] | None = None,
-    small_width: int | None = None,
-    cache_bytes: int | None = None,
-    warmup: int | None = None,
-    iters: int | None = None,
-) -> list[GemmTiming]:
-    """Time BF16 and FP8 square GEMMs: the small one on the same inputs, then the sweep on
-    rotating inputs. Returns the records, small width first, BF16 before FP8 at each width.
-
-    ``widths``, ``small_width``, ``warmup`` and ``iters`` default to the preset's
-    ``gemm_widths``, ``gemm_small_width``, ``bench_warmup`` and ``bench_iters`` (the preset
-    defaults to ``get_preset()``); ``cache_bytes`` to ``perf.l2_cache_bytes(device)``.
-    """
-    preset = preset or get_preset()
-    device = default_device(device)
-    widths = list(preset.gemm_widths if widths is None else widths)
-    small = preset.gemm_small_width if small_width is None else small_width
-    _check_widths([small, *widths])
     cache = l2_cache_bytes(device) if cache_bytes is None else cache_bytes
-    timing = (
-        preset.bench_warmup if warmup is None else warmup,
-        preset.bench_iters if iters is None else iters,
-    )
+    timing = (preset.bench_warmup, preset.bench_iters)
     plan = [(small, False)] + [(n, True) for n in widths]
     return [_time_gemm(m, n, device, rot, cache, timing) for n, rot in plan for m in _MATHS]
 

@@ -129,7 +129,6 @@ class LadderRun:
     batch: int
     warmup: int
     lr: float
-    seed: int = 0
     count_breaks: bool = True
 
 
@@ -139,7 +138,6 @@ def ladder_run(
     steps: int | None = None,
     batch: int | None = None,
     data: TokenData | None = None,
-    seed: int = 0,
     lr: float | None = None,
     count_breaks: bool = True,
 ) -> LadderRun:
@@ -151,11 +149,11 @@ def ladder_run(
     steps = steps or preset.ladder_steps
     warmup = min(max(1, preset.bench_warmup), steps - 1) if steps > 1 else 0
     cfg = preset.model_config()
-    data = data or preset_data(preset, seed=seed, block_size=cfg.block_size)
+    data = data or preset_data(preset, block_size=cfg.block_size)
     batch = batch or preset.parity_batch_size
     lr = lr or min(preset.lr, LADDER_MAX_LR)
     start = data.state_dict()
-    return LadderRun(preset, dev, data, start, steps, batch, warmup, lr, seed, count_breaks)
+    return LadderRun(preset, dev, data, start, steps, batch, warmup, lr, count_breaks)
 
 
 def run_rung(rung: Rung, run: LadderRun) -> dict[str, Any]:
@@ -182,7 +180,6 @@ def run_rung(rung: Rung, run: LadderRun) -> dict[str, Any]:
         lr=run.lr,
         eval_every=0,
         precision=rung.precision,
-        seed=run.seed,
         progress=False,
     )
     data.load_state_dict(run.start)  # every rung sees the same batches
@@ -195,7 +192,7 @@ def run_rung(rung: Rung, run: LadderRun) -> dict[str, Any]:
             fused=rung.fused,
             compile=rung.compile,
             device=device,
-            seed=run.seed,
+            seed=0,
         )
         trainer = Trainer(model, data, cfg, device=device)
     except ValueError as exc:  # e.g. FP8 shapes not multiples of 16
@@ -306,7 +303,6 @@ def run_ladder(
     steps: int | None = None,
     batch: int | None = None,
     data: TokenData | None = None,
-    seed: int = 0,
     progress: bool = True,
     lr: float | None = None,
     count_breaks: bool = True,
@@ -314,7 +310,7 @@ def run_ladder(
     """Run every rung (default ``ladder_rungs()``) at the preset's comparison size
     (``ladder_run``'s settings); rows in rung order, skipped rungs carrying ``skipped`` with the
     reason."""
-    run = ladder_run(preset, device, steps, batch, data, seed, lr, count_breaks)
+    run = ladder_run(preset, device, steps, batch, data, lr, count_breaks)
     rungs = list(rungs) if rungs is not None else ladder_rungs()
     bar = tqdm(rungs, desc="ladder", unit="rung", disable=not progress, dynamic_ncols=True)
     rows = []

@@ -59,7 +59,6 @@ block scaling from sm_90 up (TE: cc >= 9.0 and CUDA >= 12.9), so B200 times it n
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -334,13 +333,9 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
-def recipe_cost_table(
-    specs: Sequence[str | DeviceSpec] = ("H100 SXM", "H200", "B200"),
-    recipes: Sequence[str] = COST_RECIPES,
-    tokens: int = 16384,
-    width: int = 8192,
-) -> list[dict[str, Any]]:
-    """One row per device x recipe for a ``width`` x ``width`` Linear layer on ``tokens``.
+def recipe_cost_table(tokens: int = 16384, width: int = 8192) -> list[dict[str, Any]]:
+    """One row per device (H100 SXM, H200, B200) x recipe (``COST_RECIPES``) for a ``width`` x
+    ``width`` Linear layer on ``tokens``.
 
     Keys: device, recipe, native, math, tokens, in_features, out_features, gemm_ms, cast_ms,
     total_ms (None where not native), speedup (BF16's total_s on the same device over the
@@ -348,10 +343,9 @@ def recipe_cost_table(
     ``recipe_memory_bytes`` (MB = 1e6 bytes), note.
     """
     rows = []
-    for item in specs:
-        spec = item if isinstance(item, DeviceSpec) else SPECS[item]
+    for spec in (SPECS["H100 SXM"], SPECS["H200"], SPECS["B200"]):
         base = recipe_layer_cost(spec, "bf16", tokens, width, width).total_s
-        for recipe in recipes:
+        for recipe in COST_RECIPES:
             cost = recipe_layer_cost(spec, recipe, tokens, width, width)
             speedup = None if cost.total_s is None or base is None else base / cost.total_s
             memory = recipe_memory_bytes(recipe, tokens, width, width)

@@ -23,26 +23,24 @@ def recipe_runs(
     cfg: GPTConfig,
     steps: int,
     recipes: Sequence[str] = COMPARED_RECIPES,
-    baseline: str = "bf16",
-    seed: int = 0,
     progress: Callable[[str], None] | None = None,
     device: torch.device | str = "cpu",
     **train_options: Any,
 ) -> dict[str, Any]:
-    """``baseline`` and each recipe's precision (``RECIPE_PRECISIONS``) trained for ``steps``
-    from the same initial weights (``seed``) on the same batches (``runs.run_training``); the
+    """BF16 and each recipe's precision (``RECIPE_PRECISIONS``) trained for ``steps`` from the
+    same initial weights (seed 0) on the same batches (``runs.run_training``); the
     ``Trainer`` of each, by precision name. ``train_options`` go to ``TrainConfig``;
     ``progress`` is called with each run's name before it starts. On a GPU, a recipe it cannot
     run natively runs emulated (``policy.runnable_fp8_precision``): same numerics, not the
     recipe's speed."""
     runs: dict[str, Any] = {}
-    for name in (baseline, *(RECIPE_PRECISIONS[r] for r in recipes)):
+    for name in ("bf16", *(RECIPE_PRECISIONS[r] for r in recipes)):
         if progress is not None:
             progress(name)
-        run_as = name if name == baseline else runnable_fp8_precision(name, device)
+        run_as = name if name == "bf16" else runnable_fp8_precision(name, device)
         options = {"eval_every": 0, "progress": False, **train_options}
-        train_cfg = TrainConfig(steps=steps, precision=run_as, seed=seed, **options)
-        runs[name] = run_training(cfg, train_cfg, device=device, seed=seed, data_seed=seed)
+        train_cfg = TrainConfig(steps=steps, precision=run_as, **options)
+        runs[name] = run_training(cfg, train_cfg, device=device)
     return runs
 
 

@@ -52,16 +52,15 @@ Tensor = torch.Tensor
 __all__ = ["attention_reference", "flash_attention", "flash_attention_forward"]
 
 
-def attention_reference(q: Tensor, k: Tensor, v: Tensor, causal: bool = True) -> Tensor:
-    """The naive three steps, in float32 (float64 for float64 inputs): the (T, T) scores and
-    probabilities are materialised. Returns the inputs' dtype."""
+def attention_reference(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The naive three steps with the causal mask, in float32 (float64 for float64 inputs): the
+    (T, T) scores and probabilities are materialised. Returns the inputs' dtype."""
     compute = torch.promote_types(q.dtype, torch.float32)
     qf, kf, vf = (t.to(compute) for t in (q, k, v))
     scores = qf @ kf.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if causal:
-        T, S = scores.shape[-2:]
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
+    T, S = scores.shape[-2:]
+    mask = torch.ones(T, S, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(mask, float("-inf"))
     return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
 
 
@@ -75,7 +74,6 @@ def attn_fwd_kernel(
     T,
     D,
     scale,
-    CAUSAL: tl.constexpr,
     F32_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -96,8 +94,8 @@ def attn_fwd_kernel(
     m = tl.full((BLOCK_M,), -float("inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    # causal: keys past this block's last query are masked for every row of it; skip them
-    end = tl.minimum((tl.program_id(0) + 1) * BLOCK_M, T) if CAUSAL else T
+    # keys past this block's last query are masked for every row of it: skip them
+    end = tl.minimum((tl.program_id(0) + 1) * BLOCK_M, T)
     for n0 in range(0, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < T
@@ -110,12 +108,10 @@ def attn_fwd_kernel(
         s = (
             tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
         )  # (BLOCK_M, BLOCK_N)
-        keep = col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None])
+        keep = col_ok[None, :] & (cols[None, :] <= rows[:, None])  # the causal mask
         s = tl.where(keep, s, -float("inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        # key 0 is always kept (causal or not), so after the first block m_new is finite
+        # key 0 is always kept, so after the first block m_new is finite
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
@@ -165,15 +161,12 @@ def _probs_and_dscores(
     row_ok,
     col_ok,
     scale,
-    CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """The backward kernels' shared core on a (query block, key block) tile: P recomputed from
     the stored logsumexp L (zero where masked), and dS = P * (dO V^T - delta)."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
-    keep = row_ok[:, None] & col_ok[None, :]
-    if CAUSAL:
-        keep = keep & (cols[None, :] <= rows[:, None])
+    keep = row_ok[:, None] & col_ok[None, :] & (cols[None, :] <= rows[:, None])
     p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION).to(tl.float32)
     return p, p * (dp - delta[:, None])
@@ -192,7 +185,6 @@ def attn_bwd_dkdv_kernel(
     T,
     D,
     scale,
-    CAUSAL: tl.constexpr,
     F32_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -212,8 +204,8 @@ def attn_bwd_dkdv_kernel(
         k, v = k.to(tl.float32), v.to(tl.float32)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    # causal: queries before this key block never see it
-    start = (tl.program_id(0) * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0
+    # queries before this key block never see it
+    start = (tl.program_id(0) * BLOCK_N // BLOCK_M) * BLOCK_M
     for m0 in range(start, T, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows < T
@@ -226,7 +218,7 @@ def attn_bwd_dkdv_kernel(
         lse = tl.load(lse_ptr + head_rows + rows, mask=row_ok, other=0.0)
         delta = tl.load(delta_ptr + head_rows + rows, mask=row_ok, other=0.0)
         p, ds = _probs_and_dscores(
-            q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, scale, CAUSAL, DOT_PRECISION
+            q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, scale, DOT_PRECISION
         )
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION).to(tl.float32)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION).to(tl.float32)
@@ -246,7 +238,6 @@ def attn_bwd_dq_kernel(
     T,
     D,
     scale,
-    CAUSAL: tl.constexpr,
     F32_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -267,7 +258,7 @@ def attn_bwd_dq_kernel(
     lse = tl.load(lse_ptr + head_rows + rows, mask=row_ok, other=0.0)
     delta = tl.load(delta_ptr + head_rows + rows, mask=row_ok, other=0.0)
     dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    end = tl.minimum((tl.program_id(0) + 1) * BLOCK_M, T) if CAUSAL else T
+    end = tl.minimum((tl.program_id(0) + 1) * BLOCK_M, T)
     for n0 in range(0, end, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < T
@@ -278,7 +269,7 @@ def attn_bwd_dq_kernel(
         if F32_DOT:
             k, v = k.to(tl.float32), v.to(tl.float32)
         _, ds = _probs_and_dscores(
-            q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, scale, CAUSAL, DOT_PRECISION
+            q, k, v, do, lse, delta, rows, cols, row_ok, col_ok, scale, DOT_PRECISION
         )
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION).to(tl.float32)
     tl.store(dq_ptr + qo, (dq * scale).to(dq_ptr.dtype.element_ty), mask=qo_mask)
@@ -318,9 +309,7 @@ def _blocks(T: int, D: int) -> tuple[int, int]:
     return min(64, max(16, next_power_of_2(T))), max(16, next_power_of_2(D))
 
 
-def flash_attention_forward(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool = True
-) -> tuple[Tensor, Tensor]:
+def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """Launch the forward kernel: ``(O, L)``, O in the inputs' dtype and shape, L the float32
     logsumexp of each query row's scores, (B, H, T)."""
     _check(q, k, v)
@@ -331,7 +320,7 @@ def flash_attention_forward(
     size, block_d = _blocks(T, D)
     attn_fwd_kernel[(cdiv(T, size), B * H)](
         q, k, v, o, lse, T, D, 1.0 / math.sqrt(D),
-        CAUSAL=causal, F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
+        F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
     )  # fmt: skip
     return o, lse
 
@@ -343,7 +332,6 @@ def flash_attention_backward(
     v: Tensor,
     o: Tensor,
     lse: Tensor,
-    causal: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the backward kernels: ``(dQ, dK, dV)`` from dO, the inputs, O and L."""
     B, H, T, D = q.shape
@@ -357,35 +345,33 @@ def flash_attention_backward(
     grid = (cdiv(T, size), B * H)
     attn_bwd_dkdv_kernel[grid](
         q, k, v, do, lse, delta, dk, dv, T, D, scale,
-        CAUSAL=causal, F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
+        F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
     )  # fmt: skip
     attn_bwd_dq_kernel[grid](
         q, k, v, do, lse, delta, dq, T, D, scale,
-        CAUSAL=causal, F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
+        F32_DOT=_f32_dot(q), DOT_PRECISION=_dot_precision(q), BLOCK_M=size, BLOCK_N=size, BLOCK_D=block_d,
     )  # fmt: skip
     return dq, dk, dv
 
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q, k, v = (t.contiguous() for t in (q, k, v))  # once: the kernels and the backward
-        o, lse = flash_attention_forward(q, k, v, causal)
+        o, lse = flash_attention_forward(q, k, v)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal = causal
         return o
 
     @staticmethod
-    def backward(ctx: Any, do: Tensor) -> tuple[Tensor | None, ...]:
+    def backward(ctx: Any, do: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward(do, q, k, v, o, lse, ctx.causal)
-        return dq, dk, dv, None
+        return flash_attention_backward(do, q, k, v, o, lse)
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True) -> Tensor:
-    """Exact (causal) self-attention of (B, H, T, D) ``q``, ``k``, ``v`` with softmax scale
-    ``1/sqrt(D)``: ``scaled_dot_product_attention(q, k, v, is_causal=causal)``, computed tile by
+def flash_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Exact causal self-attention of (B, H, T, D) ``q``, ``k``, ``v`` with softmax scale
+    ``1/sqrt(D)``: ``scaled_dot_product_attention(q, k, v, is_causal=True)``, computed tile by
     tile (module docstring). Differentiable; it keeps O and the (B, H, T) logsumexp for the
     backward, not the (T, T) probabilities. Queries and keys come in square tiles of up to 64
     (at least 16)."""
-    return _FlashAttention.apply(q, k, v, causal)
+    return _FlashAttention.apply(q, k, v)

@@ -197,23 +197,21 @@ def cross_entropy_backward(
     logits: Tensor,
     targets: Tensor,
     lse: Tensor,
+    n_valid: Tensor,
     ignore_index: int = -100,
     *,
-    n_valid: Tensor | None = None,
     block_v: int | None = None,
     block_m: int | None = None,
 ) -> Tensor:
     """Launch the backward kernel: ``dlogits`` (M, V) in the logits' dtype.
 
-    ``grad`` is the incoming gradient of the mean loss (a 0-d tensor); ``lse`` comes from the
-    forward; ``n_valid`` too, or it is recounted from ``targets``.
+    ``grad`` is the incoming gradient of the mean loss (a 0-d tensor); ``lse`` and ``n_valid``
+    come from the forward.
     """
     check_kernel_inputs(logits, name="cross_entropy backward")
     logits = as_rows(logits)
     M, V = logits.shape
     targets = targets.contiguous()
-    if n_valid is None:
-        n_valid = (targets != ignore_index).sum()
     scale = (grad.float() / n_valid.clamp(min=1)).reshape(1)  # stays on the device
     dx = torch.empty(M, V, dtype=logits.dtype, device=logits.device)
     bv, bm, warps = _blocks(M, V, block_v, block_m)
@@ -246,7 +244,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         logits, targets, lse, n_valid = ctx.saved_tensors
-        dx = cross_entropy_backward(grad, logits, targets, lse, ctx.ignore_index, n_valid=n_valid)
+        dx = cross_entropy_backward(grad, logits, targets, lse, n_valid, ctx.ignore_index)
         return dx, None, None
 
 

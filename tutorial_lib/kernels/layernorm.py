@@ -33,10 +33,11 @@ import torch
 import torch.nn.functional as F
 
 from .runtime import (
+    INTERPRETER_PROGRAMS,
     as_rows,
     cdiv,
     check_kernel_inputs,
-    max_programs,
+    interpreter_mode,
     row_block,
     row_tile,
     tl,
@@ -174,16 +175,19 @@ def _checked_params(
     return w, b
 
 
-def _forward(
+def add_layer_norm_forward(
     x: Tensor,
     residual: Tensor | None,
     weight: Tensor | None,
     bias: Tensor | None,
-    eps: float,
-    block_m: int | None,
-    name: str,
+    eps: float = 1e-5,
+    *,
+    block_m: int | None = None,
 ) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
-    """Shared launcher: ``(s or None, y, mean, rstd)``; one tile per row, or chunks if wider."""
+    """Launch the fused kernel: ``(s, y, mean, rstd)`` with ``s = x + residual`` in
+    ``torch.result_type(x, residual)`` and ``y = LayerNorm(s)`` in the same dtype; with
+    ``residual`` None, ``s`` is None and ``y = LayerNorm(x)`` (``layer_norm_forward``)."""
+    name = "layer_norm" if residual is None else "add_layer_norm"
     check_kernel_inputs(x, residual, weight, bias, name=name)
     x2 = as_rows(x)
     M, N = x2.shape
@@ -237,24 +241,8 @@ def layer_norm_forward(
     are float32 parameters while ``x`` is bfloat16), or be None (1 and 0). Rows wider than
     ``runtime.MAX_ROW_BLOCK`` run the two-pass chunked kernel.
     """
-    _, y, mean, rstd = _forward(x, None, weight, bias, eps, block_m, "layer_norm")
+    _, y, mean, rstd = add_layer_norm_forward(x, None, weight, bias, eps, block_m=block_m)
     return y, mean, rstd
-
-
-def add_layer_norm_forward(
-    x: Tensor,
-    residual: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    eps: float = 1e-5,
-    *,
-    block_m: int | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Launch the fused kernel: ``(s, y, mean, rstd)`` with ``s = x + residual`` in
-    ``torch.result_type(x, residual)`` and ``y = LayerNorm(s)`` in the same dtype."""
-    s, y, mean, rstd = _forward(x, residual, weight, bias, eps, block_m, "add_layer_norm")
-    assert s is not None
-    return s, y, mean, rstd
 
 
 def layer_norm_backward(
@@ -288,7 +276,11 @@ def layer_norm_backward(
     weight, _ = _checked_params(N, weight, None, "layer_norm backward")
     block_n, chunked = row_block(N)
     tile = row_tile(M, block_n, block_m)
-    grid = min(cdiv(M, tile.block_m), num_programs or max_programs(x.device))
+    if num_programs is None:  # a few waves of SMs: each program loops over row tiles
+        num_programs = INTERPRETER_PROGRAMS
+        if x.device.type == "cuda" and not interpreter_mode():
+            num_programs = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
+    grid = min(cdiv(M, tile.block_m), num_programs)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     wanted = weight_grads and (weight is not None or bias is not None)
     part_w = torch.empty(grid, N, device=x.device) if wanted else x2
@@ -348,6 +340,7 @@ class AddLayerNormFunction(torch.autograd.Function):
         eps: float,
     ) -> tuple[Tensor, Tensor]:
         s, y, mean, rstd = add_layer_norm_forward(x, residual, weight, bias, eps)
+        assert s is not None
         ctx.save_for_backward(s, weight, bias, mean, rstd)
         ctx.dtypes = (x.dtype, residual.dtype)
         return s, y

@@ -238,10 +238,3 @@ def row_tile(n_rows: int, block_n: int, block_m: int | None = None) -> RowTile:
         raise ValueError(f"block_m must be a power of two, got {block_m}")
     num_warps = max(1, min(16, block_m * block_n // 512))
     return RowTile(block_m=block_m, num_warps=next_power_of_2(num_warps))
-
-
-def max_programs(device: torch.device) -> int:
-    """An upper bound on the grid for kernels that loop over row tiles (a few waves of SMs)."""
-    if device.type == "cuda" and not interpreter_mode():
-        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    return INTERPRETER_PROGRAMS

@@ -9,7 +9,7 @@ Counting assumptions (the same for every function below):
 * the *minimum* traffic: every input read from HBM exactly once and every output written
   exactly once (caches hold nothing between kernels, nothing is read twice);
 * a tensor costs ``numel * itemsize``; index tensors (targets) are int64, statistics (mean,
-  rstd, logsumexp, per-row loss) float32;
+  rstd, logsumexp, per-row loss) and LayerNorm's weight and bias (parameters) float32;
 * implementation overheads are *not* counted: the float32 partial-sum buffers of the weight
   gradients (about ``2 * P * N * 4`` bytes for P programs, small next to M x N), the final
   mean of the per-row losses, dtype casts of the gradient in ``add_layer_norm``'s mixed-dtype
@@ -46,33 +46,27 @@ def bias_gelu_unfused_bytes(M: int, N: int, dtype: torch.dtype, backward: bool =
     return _total((3 * M * N, dtype)) + _total((M * N, dtype), (N, dtype))
 
 
-def layer_norm_bytes(
-    M: int, N: int, dtype: torch.dtype, weight_dtype: torch.dtype = F32, backward: bool = False
-) -> int:
+def layer_norm_bytes(M: int, N: int, dtype: torch.dtype, backward: bool = False) -> int:
     """LayerNorm with weight and bias. Forward: read x, weight, bias; write y, mean, rstd.
     Backward: read dy, x, weight, mean, rstd; write dx, dweight, dbias."""
     if not backward:
-        return _total((2 * M * N, dtype), (2 * N, weight_dtype), (2 * M, F32))
-    return _total((3 * M * N, dtype), (N, weight_dtype), (2 * M, F32), (2 * N, weight_dtype))
+        return _total((2 * M * N, dtype), (2 * N, F32), (2 * M, F32))
+    return _total((3 * M * N, dtype), (N, F32), (2 * M, F32), (2 * N, F32))
 
 
-def add_layer_norm_bytes(
-    M: int, N: int, dtype: torch.dtype, weight_dtype: torch.dtype = F32, backward: bool = False
-) -> int:
+def add_layer_norm_bytes(M: int, N: int, dtype: torch.dtype, backward: bool = False) -> int:
     """Fused ``s = x + residual; y = LayerNorm(s)`` (x, residual, s, y all in ``dtype``).
     Forward: read x, residual, weight, bias; write s, y, mean, rstd. Backward: read dy, ds, s,
     weight, mean, rstd; write one ds_total (it is both dx and dresidual), dweight, dbias."""
     if not backward:
-        return _total((4 * M * N, dtype), (2 * N, weight_dtype), (2 * M, F32))
-    return _total((4 * M * N, dtype), (N, weight_dtype), (2 * M, F32), (2 * N, weight_dtype))
+        return _total((4 * M * N, dtype), (2 * N, F32), (2 * M, F32))
+    return _total((4 * M * N, dtype), (N, F32), (2 * M, F32), (2 * N, F32))
 
 
-def add_layer_norm_unfused_bytes(
-    M: int, N: int, dtype: torch.dtype, weight_dtype: torch.dtype = F32
-) -> int:
+def add_layer_norm_unfused_bytes(M: int, N: int, dtype: torch.dtype) -> int:
     """Eager forward: the add reads x and residual and writes s, then LayerNorm reads s back
     (``5 M N`` element moves against the fused ``4 M N``)."""
-    return _total((3 * M * N, dtype)) + layer_norm_bytes(M, N, dtype, weight_dtype)
+    return _total((3 * M * N, dtype)) + layer_norm_bytes(M, N, dtype)
 
 
 def softmax_bytes(M: int, N: int, dtype: torch.dtype, backward: bool = False) -> int:

@@ -6,16 +6,10 @@ imports nothing that trains. The benchmarks that build and train models, and the
 recorded-results format they write, are one level up in ``tutorial_lib.bench``."""
 
 from .flop_counter import flops_by_op, train_step_flops
-from .measured import NOISE, GemmRates, compare_times, measure_gemm_rates, on_this_device
-from .memory import (
-    MemoryReport,
-    memory_report,
-    peak_memory_bytes,
-    reset_peak_memory,
-    tensor_peak_bytes,
-)
+from .measured import NOISE, compare_times, measure_gemm_rates, on_this_device
+from .memory import memory_report, peak_memory_bytes, reset_peak_memory, tensor_peak_bytes
 from .mfu import format_mfu, mfu
-from .profiler import OpStat, format_op_table, profile_top_ops
+from .profiler import format_op_table, profile_top_ops
 from .roofline import (
     Op,
     Roof,
@@ -59,7 +53,6 @@ __all__ = [
     "naive_time",
     "synced_time",
     # statements from measurements on the machine at hand
-    "GemmRates",
     "measure_gemm_rates",
     "compare_times",
     "on_this_device",
@@ -70,7 +63,6 @@ __all__ = [
     # memory
     "peak_memory_bytes",
     "reset_peak_memory",
-    "MemoryReport",
     "memory_report",
     "tensor_peak_bytes",
     # FLOP counting
@@ -86,7 +78,6 @@ __all__ = [
     "model_ops",
     "plot_roofline",
     # profiler
-    "OpStat",
     "profile_top_ops",
     "format_op_table",
 ]

@@ -23,23 +23,20 @@ from .timing import benchmark
 __all__ = ["GemmRates", "compare_times", "measure_gemm_rates", "on_this_device", "NOISE"]
 
 NOISE = 0.10  # below a 10% difference, one short measurement cannot tell two speeds apart
-_LABELS = {"fp32": "FP32", "bf16": "BF16"}
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def compare_times(
-    name_a: str, seconds_a: float, name_b: str, seconds_b: float, where: str, noise: float = NOISE
-) -> str:
+def compare_times(name_a: str, seconds_a: float, name_b: str, seconds_b: float, where: str) -> str:
     """One sentence comparing two measured times of the same work: "A ran 4.5x faster than B
-    {where}", "... slower ...", or, within ``noise``, "A and B ran within 10% of each other"."""
+    {where}", "... slower ...", or, within ``NOISE``, "A and B ran within 10% of each other"."""
     if seconds_a <= 0 or seconds_b <= 0:
         raise ValueError(f"times must be positive, got {seconds_a} and {seconds_b} seconds")
     ratio = seconds_b / seconds_a  # > 1: A is faster
-    if ratio > 1 + noise:
+    if ratio > 1 + NOISE:
         return f"{name_a} ran {ratio:.1f}x faster than {name_b} {where}"
-    if ratio < 1 / (1 + noise):
+    if ratio < 1 / (1 + NOISE):
         return f"{name_a} ran {1 / ratio:.1f}x slower than {name_b} {where}"
-    return f"{name_a} and {name_b} ran within {noise:.0%} of each other {where}"
+    return f"{name_a} and {name_b} ran within {NOISE:.0%} of each other {where}"
 
 
 @dataclass(frozen=True)
@@ -47,13 +44,11 @@ class GemmRates:
     """Measured n x n x n GEMM times per math (``"fp32"``, ``"bf16"``) on one device.
 
     ``where`` names the device and what was detected about it, e.g. "on this CPU (AMD EPYC;
-    BF16 matrix instructions: none detected)"; ``paths`` says how each math ran
-    ("bfloat16 matmul").
+    BF16 matrix instructions: none detected)".
     """
 
     n: int
     seconds: dict[str, float]
-    paths: dict[str, str]
     where: str
 
     def gflops(self, math: str) -> float:
@@ -61,14 +56,14 @@ class GemmRates:
 
     def compare(self, a: str, b: str) -> str:
         """ "BF16 ran 4.5x faster than FP32 on this CPU (...)", from the two measured times."""
-        return compare_times(_LABELS[a], self.seconds[a], _LABELS[b], self.seconds[b], self.where)
+        return compare_times(a.upper(), self.seconds[a], b.upper(), self.seconds[b], self.where)
 
     def table(self) -> str:
         lines = [f"{self.n}x{self.n}x{self.n} GEMM {self.where}:"]
         for math, t in self.seconds.items():
             lines.append(
-                f"  {_LABELS[math]:5s} {t * 1e3:10.3f} ms  {self.gflops(math):10.1f} "
-                f"GFLOP/s  ({self.paths[math]})"
+                f"  {math.upper():5s} {t * 1e3:10.3f} ms  {self.gflops(math):10.1f} "
+                f"GFLOP/s  ({str(_DTYPES[math]).removeprefix('torch.')} matmul)"
             )
         return "\n".join(lines)
 
@@ -95,7 +90,6 @@ def measure_gemm_rates(
         raise ValueError(f"need n >= 1 and iters >= 1, got n={n}, iters={iters}")
     device = default_device(device)
     seconds: dict[str, float] = {}
-    paths: dict[str, str] = {}
     gen = torch.Generator(device=device).manual_seed(0)
     for math in maths:
         if math not in _DTYPES:
@@ -103,5 +97,4 @@ def measure_gemm_rates(
         a, b = (torch.randn(n, n, generator=gen, device=device).to(_DTYPES[math]) for _ in range(2))
         gemm = functools.partial(torch.matmul, a, b)
         seconds[math] = benchmark(gemm, warmup=1, iters=iters, device=device).median
-        paths[math] = f"{str(_DTYPES[math]).removeprefix('torch.')} matmul"
-    return GemmRates(n=n, seconds=seconds, paths=paths, where=on_this_device(device))
+    return GemmRates(n=n, seconds=seconds, where=on_this_device(device))

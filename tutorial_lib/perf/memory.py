@@ -31,17 +31,10 @@ def reset_peak_memory(device: torch.device | str) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _peak_rss_bytes() -> int:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
-
-
 def peak_memory_bytes(device: torch.device | str) -> int:
     """Peak bytes allocated by tensors on CUDA; on the CPU, the process's peak RSS."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return _peak_rss_bytes()
+    report = memory_report(device)
+    return report.peak_rss if report.peak_allocated is None else report.peak_allocated
 
 
 def _mib(value: int | None) -> str:
@@ -77,7 +70,9 @@ def memory_report(device: torch.device | str) -> MemoryReport:
     if device.type == "cuda":
         allocated = int(torch.cuda.max_memory_allocated(device))
         reserved = int(torch.cuda.max_memory_reserved(device))
-    return MemoryReport(str(device), allocated, reserved, _peak_rss_bytes())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss = rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
+    return MemoryReport(str(device), allocated, reserved, int(rss))
 
 
 def _storage(t: object) -> Any:

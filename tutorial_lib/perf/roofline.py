@@ -181,14 +181,6 @@ def _rate(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
-def _plot_roof(ax: Axes, roof: Roof, xs: list[float], color: str) -> None:
-    label = (
-        f"{roof.name}: {_rate(roof.peak_flops, 'FLOP/s')}, {_rate(roof.bandwidth, 'B/s')}, "
-        f"ridge {roof.ridge:.3g} FLOP/B"
-    )
-    ax.plot(xs, [roof.attainable(x) for x in xs], color=color, label=label)
-
-
 def plot_roofline(
     roofs: Sequence[Roof],
     ops: Sequence[Op],
@@ -212,7 +204,11 @@ def plot_roofline(
     hi = max([op.intensity for op in ops] + [r.ridge for r in roofs]) * 4
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     for i, roof in enumerate(roofs):
-        _plot_roof(ax, roof, xs, f"C{i}")
+        label = (
+            f"{roof.name}: {_rate(roof.peak_flops, 'FLOP/s')}, {_rate(roof.bandwidth, 'B/s')}, "
+            f"ridge {roof.ridge:.3g} FLOP/B"
+        )
+        ax.plot(xs, [roof.attainable(x) for x in xs], color=f"C{i}", label=label)
     first = roofs[0]
     for i, op in enumerate(ops):
         y = first.attainable(op.intensity)

@@ -38,11 +38,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class BenchResult:
-    """Per-call times in seconds over ``iters`` timed calls, after ``warmup`` untimed calls."""
+    """Per-call times in seconds over ``iters`` timed calls (the warm-up calls not included)."""
 
     times: tuple[float, ...]
-    warmup: int
-    device: str
 
     @property
     def median(self) -> float:
@@ -59,12 +57,6 @@ class BenchResult:
     @property
     def iters(self) -> int:
         return len(self.times)
-
-    def __str__(self) -> str:
-        return (
-            f"median {self.median * 1e3:.3f} ms (min {self.min * 1e3:.3f}, "
-            f"max {self.max * 1e3:.3f}; {self.iters} runs on {self.device})"
-        )
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -139,7 +131,7 @@ def benchmark(
             synchronize(device)
             times_list.append(time.perf_counter() - t0)
         times = tuple(times_list)
-    return BenchResult(times=times, warmup=warmup, device=str(device))
+    return BenchResult(times)
 
 
 # ---- caches and rotating inputs ------------------------------------------------------------
@@ -180,10 +172,6 @@ def l2_cache_bytes(device: torch.device | str | None = None) -> int | None:
     return _cpu_cache_bytes()
 
 
-def _tensor_bytes(args: tuple) -> int:
-    return sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
-
-
 def make_rotating_inputs(
     make: Callable[[], tuple], min_total_bytes: int, max_copies: int = 64
 ) -> list[tuple]:
@@ -199,7 +187,7 @@ def make_rotating_inputs(
     while len(copies) < max_copies and (not copies or total <= min_total_bytes):
         args = tuple(make())
         copies.append(args)
-        total += _tensor_bytes(args)
+        total += sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
     return copies
 
 

@@ -165,20 +165,20 @@ def _top_level(ops: Sequence[TraceEvent]) -> list[TraceEvent]:
     return out
 
 
-def _step_thread(events: Sequence[TraceEvent]) -> tuple[Any, Any] | None:
-    """(pid, tid) of the thread that ran the phases (the step's own thread)."""
-    marks = [e for e in events if e.cat == "user_annotation" and e.name in PHASES]
-    return (marks[0].pid, marks[0].tid) if marks else None
+def _marks(events: Sequence[TraceEvent], cat: str = "user_annotation") -> list[TraceEvent]:
+    """The phase ranges: the host's (``user_annotation``), or the GPU's."""
+    return [e for e in events if e.cat == cat and e.name in PHASES]
 
 
 def device_work(events: Sequence[TraceEvent]) -> tuple[list[TraceEvent], str]:
     """The events that are the device's work: GPU kernels if the trace has any, else the
-    top-level operators of the step's thread; and which of the two ("kernels", "operators")."""
+    top-level operators of the step's thread (the one that ran the phases); and which of the
+    two ("kernels", "operators")."""
     kernels = [e for e in events if e.cat == "kernel"]
     if kernels:
         return kernels, "kernels"
-    thread = _step_thread(events)
-    ops = [e for e in events if e.cat == "cpu_op" and (thread is None or (e.pid, e.tid) == thread)]
+    thread = [(e.pid, e.tid) for e in _marks(events)][:1]
+    ops = [e for e in events if e.cat == "cpu_op" and (not thread or (e.pid, e.tid) == thread[0])]
     return _top_level(ops), "operators"
 
 
@@ -189,9 +189,8 @@ def trace_summary(events: Sequence[TraceEvent]) -> dict[str, Any]:
     if not events:
         raise ValueError("The trace holds no complete events: was anything profiled?")
     work, kind = device_work(events)
-    gpu_marks = [e for e in events if e.cat == "gpu_user_annotation" and e.name in PHASES]
-    host_marks = [e for e in events if e.cat == "user_annotation" and e.name in PHASES]
-    marks = gpu_marks if kind == "kernels" and gpu_marks else host_marks
+    gpu_marks = _marks(events, "gpu_user_annotation")
+    marks = gpu_marks if kind == "kernels" and gpu_marks else _marks(events)
     bounds = marks + (work if kind == "kernels" else []) or list(events)
     lo, hi = min(e.ts for e in bounds), max(e.end for e in bounds)
     busy = _union(_clip([(e.ts, e.end) for e in work], lo, hi))
@@ -253,7 +252,7 @@ def plot_timeline(ax: Any, events: Sequence[TraceEvent], top: int = 8) -> None:
     """The step's phases (top row) and the device's work below them, one row per kind: the
     ``top`` longest operator (or kernel) names get their own colour, the rest are grey. Time in
     milliseconds from the first phase."""
-    marks = [e for e in events if e.cat == "user_annotation" and e.name in PHASES]
+    marks = _marks(events)
     work, kind = device_work(events)
     t0 = min(e.ts for e in (marks or work))
     totals: dict[str, float] = {}
