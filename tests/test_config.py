@@ -73,10 +73,10 @@ def test_from_name_unknown_lists_available_names() -> None:
 
 def test_replace_returns_validated_copy() -> None:
     cfg = GPTConfig.from_name("tiny")
-    wider = cfg.replace(n_embd=256)
+    wider = dataclasses.replace(cfg, n_embd=256)
     assert wider.n_embd == 256 and cfg.n_embd == 128
     with pytest.raises(ValueError):
-        cfg.replace(n_embd=130)  # 130 % 4 != 0
+        dataclasses.replace(cfg, n_embd=130)  # 130 % 4 != 0
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

@@ -67,7 +67,13 @@ def test_params_match_narayanan_eq2_and_a_hand_count() -> None:
 def test_params_match_our_gpt_up_to_the_final_layernorm() -> None:
     cfg = GPTConfig.from_name("tiny")
     n = GPT(cfg).num_params()
-    spec = ModelSpec.from_gpt_config(cfg)
+    spec = ModelSpec(
+        layers=cfg.n_layer,
+        hidden=cfg.n_embd,
+        heads=cfg.n_head,
+        vocab=cfg.vocab_size,
+        seq=cfg.block_size,
+    )
     # Eq. (2) leaves out ln_f (weight + bias = 2h); everything else is counted exactly.
     assert n - spec.params() == 2 * cfg.n_embd
     assert spec.params() / n == pytest.approx(1.0, rel=0.01)

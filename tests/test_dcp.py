@@ -16,8 +16,8 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from tutorial_lib.build import build_model
-from tutorial_lib.checkpoint import CheckpointError
 from tutorial_lib.checkpoint.dcp import SafeLoadPlanner
+from tutorial_lib.checkpoint.files import CheckpointError
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.parallel.mesh import ParallelDims

@@ -32,6 +32,17 @@ LAYER_MATMULS = (
 )
 
 
+def _spec(cfg: GPTConfig) -> ModelSpec:
+    """The cost model's spec of the book's own ``GPT`` for ``cfg``."""
+    return ModelSpec(
+        layers=cfg.n_layer,
+        hidden=cfg.n_embd,
+        heads=cfg.n_head,
+        vocab=cfg.vocab_size,
+        seq=cfg.block_size,
+    )
+
+
 def _gpt(cfg: GPTConfig) -> GPT:
     with torch.device("meta"):  # shapes only: no memory for GPT-2's weights
         return GPT(cfg)
@@ -41,7 +52,7 @@ def _gpt(cfg: GPTConfig) -> GPT:
 def test_model_cost_model_and_roofline_agree(cfg: GPTConfig) -> None:
     """GPT.flops_per_token == the cost model's per-token training FLOPs == 3 x the roofline's
     matmuls per token == the flops module's formula. Exact: integers far below 2^53."""
-    model, spec = _gpt(cfg), ModelSpec.from_gpt_config(cfg)
+    model, spec = _gpt(cfg), _spec(cfg)
     size = (cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size)
     per_token = model.flops_per_token()
     assert per_token == flops.training_flops_per_token(*size)

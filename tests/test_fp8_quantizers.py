@@ -27,7 +27,7 @@ from tutorial_lib.fp8.quantizers import (
     get_quantizer,
 )
 from tutorial_lib.fp8.quantizers.block import float_to_e8m0
-from tutorial_lib.fp8.quantizers.fp4 import e2m1_codes, pack_fp4, rht_matrix, unpack_fp4
+from tutorial_lib.fp8.quantizers.fp4 import e2m1_codes, rht_matrix
 
 RECIPES = ("delayed", "current", "block", "mxfp8", "nvfp4", "rowwise")
 ROLES = ("input", "weight", "grad_output")
@@ -474,14 +474,6 @@ def test_e2m1_ties_go_to_even_and_values_saturate() -> None:
     assert q.scale_inv[0, 1].float() == 256 and q.amax == 5.25
     check_payload(q, row)
     assert q.values()[0, 17:24].tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
-
-
-def test_fp4_packing_puts_the_even_element_in_the_low_nibble() -> None:
-    codes = torch.tensor([[1, 2, 15, 8]], dtype=torch.uint8)
-    assert pack_fp4(codes).tolist() == [[0x21, 0x8F]]
-    assert torch.equal(unpack_fp4(pack_fp4(codes)), codes)
-    with pytest.raises(ValueError, match="even"):
-        pack_fp4(torch.zeros(2, 3, dtype=torch.uint8))
 
 
 def test_nvfp4_random_hadamard_transform() -> None:

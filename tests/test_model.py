@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping
@@ -72,7 +73,7 @@ def test_num_params_odd_config_by_hand() -> None:
 
 def test_num_params_without_bias() -> None:
     with_bias = GPT(ODD).num_params()
-    without = GPT(ODD.replace(bias=False)).num_params()
+    without = GPT(dataclasses.replace(ODD, bias=False)).num_params()
     c, layers = ODD.n_embd, ODD.n_layer
     biases = layers * (2 * c + 3 * c + c + 4 * c + c) + c  # LN biases, Linear biases, ln_f bias
     assert with_bias - without == biases
@@ -184,7 +185,7 @@ def test_sequence_longer_than_block_size_raises() -> None:
 
 def test_dropout_is_active_only_in_training() -> None:
     torch.manual_seed(0)
-    model = GPT(ODD.replace(dropout=0.2))
+    model = GPT(dataclasses.replace(ODD, dropout=0.2))
     idx = _tokens(2, 11, 97)
     model.train()
     assert not torch.equal(model(idx)[0], model(idx)[0])
@@ -193,7 +194,7 @@ def test_dropout_is_active_only_in_training() -> None:
 
 
 def test_model_without_bias_runs() -> None:
-    model = _model(ODD.replace(bias=False))
+    model = _model(dataclasses.replace(ODD, bias=False))
     assert not any(name.endswith("bias") for name, _ in model.named_parameters())
     logits, loss = model(_tokens(3, 7, 97), _tokens(3, 7, 97, seed=1))
     assert logits.shape == (3, 7, 97) and torch.isfinite(loss)
@@ -201,7 +202,7 @@ def test_model_without_bias_runs() -> None:
 
 def test_backward_gives_every_parameter_a_finite_gradient() -> None:
     torch.manual_seed(0)
-    model = GPT(ODD.replace(dropout=0.1)).train()
+    model = GPT(dataclasses.replace(ODD, dropout=0.1)).train()
     _, loss = model(_tokens(3, 37, 97), _tokens(3, 37, 97, seed=1))
     loss.backward()
     for name, p in model.named_parameters():
@@ -306,7 +307,7 @@ def test_generate_restores_training_mode(training: bool) -> None:
 def test_generate_uses_eval_mode() -> None:
     # With dropout on, generate must still be deterministic (it switches to eval internally).
     torch.manual_seed(0)
-    model = GPT(ODD.replace(dropout=0.5)).train()
+    model = GPT(dataclasses.replace(ODD, dropout=0.5)).train()
     prompt = _tokens(2, 3, 97)
     a = model.generate(prompt, max_new_tokens=8, top_k=1)
     b = model.generate(prompt, max_new_tokens=8, top_k=1)
@@ -450,7 +451,7 @@ def test_hf_conversion_transposes_conv1d(hf_model: nn.Module) -> None:
 
 
 def test_hf_wrong_vocab_raises(hf_model: nn.Module) -> None:
-    cfg = _ours_cfg().replace(vocab_size=96)
+    cfg = dataclasses.replace(_ours_cfg(), vocab_size=96)
     with pytest.raises(ValueError, match=r"\(97, 60\).*\(96, 60\)"):
         from_hf_state_dict(hf_model.state_dict(), cfg)
 

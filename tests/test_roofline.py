@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import matplotlib.pyplot as plt
@@ -13,7 +14,6 @@ from tutorial_lib.hardware import SPECS
 from tutorial_lib.model import GPT
 from tutorial_lib.perf import (
     Op,
-    Roof,
     elementwise,
     flops_by_op,
     gemm,
@@ -23,6 +23,7 @@ from tutorial_lib.perf import (
     roof_from_spec,
     train_step_flops,
 )
+from tutorial_lib.perf.roofline import Roof
 
 # Nothing here is a power of two: vocab 97, context 37, 3 layers, 5 heads of 8.
 ODD = GPTConfig(vocab_size=97, block_size=37, n_layer=3, n_head=5, n_embd=40)
@@ -43,7 +44,7 @@ def _model_and_batch(cfg: GPTConfig, T: int) -> tuple[GPT, torch.Tensor, torch.T
 @pytest.mark.parametrize(("T", "bias"), [(37, True), (20, True), (37, False)])
 def test_train_step_flops_equals_the_formula_exactly(T: int, bias: bool) -> None:
     """6N + 12LTC per token, attention over the full T x T: exact, no tolerance."""
-    model, idx, targets = _model_and_batch(ODD.replace(bias=bias), T)
+    model, idx, targets = _model_and_batch(dataclasses.replace(ODD, bias=bias), T)
     expected = 3 * B * T * model.flops_per_token(training=False, seq_len=T)
     assert train_step_flops(model, idx, targets) == expected
     assert all(p.grad is None for p in model.parameters())  # zeroed afterwards

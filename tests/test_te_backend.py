@@ -530,7 +530,7 @@ def test_fake_te_counts_as_available(fake_te: FakeTE) -> None:
 
 def test_convert_keeps_the_function(fake_te: FakeTE) -> None:
     torch.manual_seed(0)
-    model = GPT(FP8_CFG.replace(bias=False)).eval()
+    model = GPT(dataclasses.replace(FP8_CFG, bias=False)).eval()
     idx = torch.randint(0, 256, (2, 16))
     before = model(idx)[0]
     converted = convert_to_te(copy.deepcopy(model), device="cpu")
@@ -604,7 +604,7 @@ def _fused_pairs(
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_fused_convert_keeps_the_function(fake_te: FakeTE, bias: bool) -> None:
     torch.manual_seed(0)
-    model = GPT(FP8_CFG.replace(bias=bias))
+    model = GPT(dataclasses.replace(FP8_CFG, bias=bias))
     with torch.no_grad():  # non-trivial LayerNorm parameters, so a swapped copy would show
         for name, p in model.named_parameters():
             if ".ln" in name:
@@ -645,7 +645,7 @@ def test_fused_convert_installs_te_modules(fake_te: FakeTE) -> None:
 
 def test_fused_mlp_keeps_dropout(fake_te: FakeTE) -> None:
     torch.manual_seed(0)
-    model = GPT(FP8_CFG.replace(dropout=0.25)).train()
+    model = GPT(dataclasses.replace(FP8_CFG, dropout=0.25)).train()
     fused = convert_to_te(copy.deepcopy(model), device="cpu", fused=True)
     assert fused.blocks[0].mlp.drop.p == 0.25 and fused.training
     idx = torch.randint(0, 256, (2, 16))

@@ -23,7 +23,8 @@ import torch
 from conftest import TE_VERSIONS
 from torch import nn
 
-from tutorial_lib.checkpoint import CheckpointError, load_model_state_dict, model_state_dict
+from tutorial_lib.checkpoint import load_model_state_dict, model_state_dict
+from tutorial_lib.checkpoint.files import CheckpointError
 from tutorial_lib.fp8.te_contract import (
     TE_RECIPE_FIELDS,
     TE_RECIPE_POWER_2_FLAGS,

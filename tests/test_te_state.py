@@ -21,13 +21,8 @@ import pytest
 import torch
 from torch import nn
 
-from tutorial_lib.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    load_model_state_dict,
-    model_state_dict,
-    save_checkpoint,
-)
+from tutorial_lib.checkpoint import load_checkpoint, load_model_state_dict, model_state_dict
+from tutorial_lib.checkpoint.files import CheckpointError, save_checkpoint
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8 import DelayedScaling, Format, FP8ModuleState, ScalingMeta

@@ -7,6 +7,7 @@ tests below assert on its results. The reference is always the single-process mo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -51,7 +52,7 @@ SCATTERED_4 = ShardMap.from_units(
     CFG, [(5,), (0, 2), (4, 1), (3,)], [_perm[:100], _perm[100:150], _perm[150:180], _perm[180:]]
 )
 UNEVEN_2 = ShardMap.from_units(CFG, [(0, 1, 2, 3), (4, 5)], [range(150), range(150, 192)])
-NO_BIAS = CFG.replace(bias=False)
+NO_BIAS = dataclasses.replace(CFG, bias=False)
 GPT_CASES = {  # name: (global ranks of the TP group, model config, shard map)
     "tp2-even": ((0, 1), CFG, ShardMap.even(CFG, 2)),
     "tp2-no-bias": ((2, 3), NO_BIAS, UNEVEN_2),
@@ -356,7 +357,7 @@ def test_errors_name_the_problem(world_of_one: Any) -> None:
     with pytest.raises(ValueError, match="splits 4 heads .* the model has 6 heads"):
         parallelize(model, None, ShardMap.even(other, 1))
     with pytest.raises(ValueError, match="dropout=0.1 under tensor parallelism"):
-        parallelize(GPT(CFG.replace(dropout=0.1)), None, ShardMap.even(CFG, 2))
+        parallelize(GPT(dataclasses.replace(CFG, dropout=0.1)), None, ShardMap.even(CFG, 2))
     with pytest.raises(ValueError, match="TP degree 7 needs 1 <= tp <= n_head=6"):
         ShardMap.even(CFG, 7)
     parallelize(model, world_of_one, ShardMap.even(CFG, 1))  # a group of one rank works

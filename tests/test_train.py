@@ -3,6 +3,7 @@ checkpoints (atomic writes, exact resume) and the non-finite-loss guard."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import pickle
@@ -18,7 +19,8 @@ from hypothesis import strategies as st
 
 from tutorial_lib import train as train_mod
 from tutorial_lib.build import build_model
-from tutorial_lib.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from tutorial_lib.checkpoint import load_checkpoint
+from tutorial_lib.checkpoint.files import CheckpointError, save_checkpoint
 from tutorial_lib.config import PRESETS, GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.model import GPT
@@ -273,7 +275,7 @@ def test_grad_clip_zero_disables_clipping(tiny_cfg: GPTConfig, tiny_data: TokenD
 def test_resume_reproduces_uninterrupted_run(
     tmp_path: Path, tiny_cfg: GPTConfig, data_factory: Callable[..., TokenData]
 ) -> None:
-    model_cfg = tiny_cfg.replace(dropout=0.2)  # dropout: RNG state matters
+    model_cfg = dataclasses.replace(tiny_cfg, dropout=0.2)  # dropout: RNG state matters
     cfg = _cfg(steps=12, batch_size=4, eval_every=3, eval_iters=1)  # evals at 3, 6, 9, 12
 
     straight = _trainer(model_cfg, data_factory(), cfg, seed=0)
@@ -310,7 +312,7 @@ def test_resume_without_rng_restore_diverges(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The control for the test above: with dropout, skipping the RNG restore changes losses."""
-    model_cfg = tiny_cfg.replace(dropout=0.2)
+    model_cfg = dataclasses.replace(tiny_cfg, dropout=0.2)
     cfg = _cfg(steps=4, batch_size=4)
     straight = _trainer(model_cfg, data_factory(), cfg)
     full = straight.train()
@@ -342,7 +344,7 @@ def test_load_rejects_other_model_config(
     tiny_cfg: GPTConfig, tiny_data: TokenData, tmp_path: Path
 ) -> None:
     path = _trainer(tiny_cfg, tiny_data, _cfg()).save(tmp_path / "checkpoint.pt")
-    other = _trainer(tiny_cfg.replace(n_layer=3), tiny_data, _cfg())
+    other = _trainer(dataclasses.replace(tiny_cfg, n_layer=3), tiny_data, _cfg())
     with pytest.raises(ValueError, match="model config differs"):
         other.resume(path)
     assert other.step == 0

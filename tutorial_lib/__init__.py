@@ -17,21 +17,19 @@ if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"
 
 from . import tokenizer
-from .build import ModelRecipe, build_model
-from .config import MODEL_SIZES, PRESETS, GPTConfig, RunPreset, get_preset
+from .build import build_model
+from .config import MODEL_SIZES, PRESETS, GPTConfig, get_preset
 from .data import (
-    ByteTokenizer,
     TokenData,
-    load_corpus,
     make_data,
     preset_data,
     preset_tokenizer,
     synthetic_batch,
 )
-from .hardware import SPECS, DeviceInfo, DeviceSpec, describe_device
+from .hardware import SPECS, describe_device
 from .model import GPT
-from .notebook import ChapterSetup, setup_chapter
-from .precision import PrecisionPolicy, available_policies, get_policy
+from .notebook import setup_chapter
+from .precision import get_policy
 from .runs import run_training
 from .train import TrainConfig, Trainer
 
@@ -41,28 +39,19 @@ __all__ = [
     "__version__",
     "GPTConfig",
     "MODEL_SIZES",
-    "RunPreset",
     "PRESETS",
     "get_preset",
-    "ByteTokenizer",
     "tokenizer",
     "TokenData",
-    "load_corpus",
     "make_data",
     "preset_data",
     "preset_tokenizer",
     "synthetic_batch",
     "SPECS",
-    "DeviceSpec",
-    "DeviceInfo",
     "describe_device",
     "GPT",
     "setup_chapter",
-    "ChapterSetup",
     "build_model",
-    "ModelRecipe",
-    "PrecisionPolicy",
-    "available_policies",
     "get_policy",
     "Trainer",
     "TrainConfig",

@@ -36,7 +36,7 @@ __all__ = [
 
 
 class GPTConfigOverrides(TypedDict, total=False):
-    """Fields of ``GPTConfig`` to override (``from_name``, ``replace``, ``RunPreset``)."""
+    """Fields of ``GPTConfig`` to override (``from_name``, ``RunPreset``)."""
 
     vocab_size: int
     block_size: int
@@ -92,9 +92,6 @@ class GPTConfig:
         if name not in MODEL_SIZES:
             raise KeyError(f"Unknown model size {name!r}. Available: {', '.join(MODEL_SIZES)}.")
         return dataclasses.replace(MODEL_SIZES[name], **overrides)
-
-    def replace(self, **overrides: Unpack[GPTConfigOverrides]) -> GPTConfig:
-        return dataclasses.replace(self, **overrides)
 
 
 def _nearest_divisor(n: int, near: int) -> int:

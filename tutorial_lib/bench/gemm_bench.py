@@ -86,11 +86,6 @@ class GemmTiming:
     cache_bytes: int | None
     l2_resident: bool | None
 
-    @property
-    def rotating_bytes(self) -> int:
-        """Bytes of all the operand sets together."""
-        return self.buffers * self.bytes_per_set
-
 
 def rotation_bytes(bytes_per_set: int, cache_bytes: int | None) -> int:
     """The ``min_total_bytes`` for ``perf.make_rotating_inputs``: more than twice the cache

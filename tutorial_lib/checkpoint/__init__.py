@@ -7,31 +7,25 @@ pieces of the full tensors). ``convert_checkpoint_file`` moves a run between ``f
 """
 
 from .files import (
-    CheckpointError,
     convert_checkpoint_file,
     load_checkpoint,
     load_model_state_dict,
     model_state_dict,
-    save_checkpoint,
 )
 from .run import (
     CHECKPOINT_FORMAT,
     checkpoint_name,
-    keep_implementation,
     load_run,
     save_run,
 )
 
 __all__ = [
     "CHECKPOINT_FORMAT",
-    "CheckpointError",
     "checkpoint_name",
     "convert_checkpoint_file",
-    "keep_implementation",
     "load_checkpoint",
     "load_model_state_dict",
     "load_run",
     "model_state_dict",
-    "save_checkpoint",
     "save_run",
 ]

@@ -16,7 +16,7 @@ and whatever the cost model leaves out). The ceiling is per GPU and fitted to wh
 steps on declared runs: the A100's (0.695, with the A100's tile shape) on five rows of
 Narayanan et al.'s Table 1 (``cluster.validation``), Hopper's (0.680, alone) on three runs of Megatron-Core's H100 table
 (``cluster.validation_hopper``). A lone BF16 8192^3 GEMM measured once on an H200 (about 790
-TFLOP/s, REFERENCE.md) gives 0.823 (``hopper_gemm_upper_bound``): an upper bound, as a training
+TFLOP/s, REFERENCE.md) gives 0.823 (tests/test_gemm_model.py derives it): an upper bound, as a training
 step's GEMMs do not run alone. Blackwell reuses Hopper's fitted ceiling, an assumption.
 
 ``GemmModel.time(m, n, k, batch)`` is the time of one (batched) GEMM; ``layer_gemms`` lists the
@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..hardware import SPECS, DeviceSpec
+from ..hardware import DeviceSpec
 
 __all__ = [
     "A100_GEMM_CEILING",
@@ -38,16 +38,11 @@ __all__ = [
     "HOPPER_GEMM_CEILING",
     "GemmModel",
     "Gemm",
-    "H200_BF16_8192_TFLOPS",
     "gemm_model_for",
-    "hopper_gemm_upper_bound",
     "layer_gemms",
     "logit_gemms",
     "gemm_compute_time",
 ]
-
-# REFERENCE.md: measured once on an H200 (CUDA torch): a BF16 8192^3 GEMM at about 790 TFLOP/s.
-H200_BF16_8192_TFLOPS = 790.0
 
 
 @dataclass(frozen=True)
@@ -198,15 +193,6 @@ def gemm_compute_time(
     logit = logit_gemms(hidden, vocab, seq, micro_batch, tp, split)
     logits = sum(gm.time(g, dtype) for g in logit)
     return layers * per_layer + logit_share * logits
-
-
-def hopper_gemm_upper_bound() -> float:
-    """The ceiling that makes the model give the measured H200 BF16 8192^3 rate (on the H200's
-    own peak and 132 SMs): one GEMM alone, an upper bound for a training step's GEMMs."""
-    h200 = SPECS["H200"]
-    g = Gemm("probe", 8192, 8192, 8192)
-    quantization = GemmModel(h200, 132, 1.0).quantization(g)
-    return H200_BF16_8192_TFLOPS * 1e12 / (h200.peak("bf16") * quantization)  # type: ignore[operator]
 
 
 # Calibrated ceilings (fraction of the datasheet peak a large GEMM reaches): fitted to A100 runs

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..checks import check_positive_ints
 from ..hardware import SPECS, DeviceSpec
-
-if TYPE_CHECKING:
-    from ..config import GPTConfig
 
 __all__ = [
     "ModelSpec",
@@ -60,17 +56,6 @@ class ModelSpec:
         check_positive_ints(self, ("layers", "hidden", "heads", "ffn", "vocab", "seq"))
         if self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}.")
-
-    @classmethod
-    def from_gpt_config(cls, cfg: GPTConfig) -> ModelSpec:
-        """The spec of the book's own ``GPT`` for ``cfg``."""
-        return cls(
-            layers=cfg.n_layer,
-            hidden=cfg.n_embd,
-            heads=cfg.n_head,
-            vocab=cfg.vocab_size,
-            seq=cfg.block_size,
-        )
 
     @property
     def ffn_width(self) -> int:

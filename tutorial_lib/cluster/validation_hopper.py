@@ -22,7 +22,7 @@ runs ``HOPPER_CALIBRATION_RUNS`` (the smallest, a middle and the largest: 1.7B, 
 ``validation.validation_summary`` of ``hopper_validation_table()`` reports the error on the six
 held-out runs separately. The fitted
 ceiling sits below the one a lone BF16 8192^3 GEMM reached on an H200
-(``gemm_model.hopper_gemm_upper_bound``), as the A100's end-to-end ceiling sits below a lone
+(``gemm_model``'s module docstring), as the A100's end-to-end ceiling sits below a lone
 GEMM's: a training step's GEMMs share the GPU with everything the model does not list.
 """
 

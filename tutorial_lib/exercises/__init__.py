@@ -17,6 +17,6 @@ The worked solutions are not in the package: each chapter shows its own under th
 and the tests keep them (``tests/exercise_solutions.py``) and check that they pass.
 """
 
-from .checker import REGISTRY, CheckResult, ExerciseError, check, get_exercise
+from .checker import REGISTRY, ExerciseError, check, get_exercise
 
-__all__ = ["REGISTRY", "CheckResult", "ExerciseError", "check", "get_exercise"]
+__all__ = ["REGISTRY", "ExerciseError", "check", "get_exercise"]

@@ -12,7 +12,6 @@ from .mfu import format_mfu, mfu
 from .profiler import format_op_table, profile_top_ops
 from .roofline import (
     Op,
-    Roof,
     elementwise,
     gemm,
     measure_cpu_roof,
@@ -72,7 +71,6 @@ __all__ = [
     "Op",
     "gemm",
     "elementwise",
-    "Roof",
     "roof_from_spec",
     "measure_cpu_roof",
     "model_ops",

@@ -15,7 +15,7 @@ Recipes (our short name, or TE's recipe class name):
 Roles: "input", "weight", "grad_output". Each quantizer is a frozen dataclass whose fields
 carry TE's defaults (forward format, backward format, tiles, power-of-two scales); keyword
 options of ``get_quantizer`` override them. Modules: ``base`` (``QuantizedTensor``, tiles, TE's
-scale-from-amax rule), ``per_tensor``, ``block``, ``nvfp4`` and ``fp4`` (E2M1 codes, packing,
+scale-from-amax rule), ``per_tensor``, ``block``, ``nvfp4`` and ``fp4`` (E2M1 codes,
 the Hadamard matrix). ``FP8Linear`` trains with them through the recipes of ``fp8.recipes``
 (``linear_function``); under delayed scaling the cast is ``DelayedQuantizer``'s with the
 layer's own scale (``delayed_state``).

@@ -46,7 +46,7 @@ class QuantizedTensor:
     Payload:
         data: the input's shape. FP8 recipes: a ``torch.float8_e4m3fn`` / ``float8_e5m2``
             tensor. NVFP4: ``torch.uint8`` holding *unpacked* E2M1 codes, one per element in the
-            low 4 bits (``fp4.pack_fp4`` gives TE's two-per-byte layout).
+            low 4 bits (TE packs two per byte: ``fp4``'s module docstring).
         fmt: the element format, "E4M3", "E5M2" or "E2M1".
     Scales (dequantization multipliers: ``x ~ value(data) * scale_inv`` per tile):
         scale_inv: the tile grid of the input's matrix view (module docstring). Per-tensor: a

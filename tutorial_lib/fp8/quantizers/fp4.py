@@ -5,8 +5,8 @@ magnitudes are 0, 0.5, 1, 1.5, 2, 3, 4 and 6; code ``c`` (0..15) is magnitude ``
 sign in bit 3, the layout ``ml_dtypes.float4_e2m1fn`` and ``torch.float4_e2m1fn_x2`` use.
 
 Codes are kept *unpacked* here, one per uint8 in the low four bits, so a code tensor has the
-shape of the values it encodes. ``pack_fp4`` gives TE's storage: two codes per byte, the
-element with the even index in the low nibble (TE's ``cast_to_fp4x2``).
+shape of the values it encodes. TE stores them packed, two codes per byte, the element with
+the even index in the low nibble (TE's ``cast_to_fp4x2``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ __all__ = [
     "e2m1_codes",
     "e2m1_codes_stochastic",
     "decode_e2m1",
-    "pack_fp4",
-    "unpack_fp4",
     "RHT_SIZE",
     "TE_RHT_SIGNS",
     "rht_matrix",
@@ -90,21 +88,6 @@ def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
     c = codes.to(torch.long)
     value = grid[c & 7]
     return torch.where((c & _SIGN_BIT) != 0, -value, value)
-
-
-def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
-    """Two codes per byte along the last dimension (even index in the low nibble), TE's layout.
-    The last dimension must be even."""
-    if codes.shape[-1] % 2:
-        raise ValueError(f"pack_fp4 needs an even last dimension, got shape {tuple(codes.shape)}.")
-    c = codes.to(torch.uint8)
-    return c[..., 0::2] | (c[..., 1::2] << 4)
-
-
-def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of ``pack_fp4``: one code per uint8, last dimension doubled."""
-    low, high = packed & 0x0F, packed >> 4
-    return torch.stack([low, high], dim=-1).reshape(*packed.shape[:-1], -1)
 
 
 # ---- the random Hadamard transform (RHT) ------------------------------------------------------

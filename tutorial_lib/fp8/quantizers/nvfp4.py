@@ -25,7 +25,7 @@ Options (TE's recipe turns them on per tensor; here they are off unless asked fo
     stochastic_rounding: round each element to a random neighbour, unbiased (TE does this for
         gradients); ``generator`` (a seeded ``torch.Generator``) makes it reproducible.
 
-``data`` holds unpacked E2M1 codes, one uint8 per element (``fp4.pack_fp4`` packs them).
+``data`` holds unpacked E2M1 codes, one uint8 per element (TE packs two per byte).
 """
 
 from __future__ import annotations
