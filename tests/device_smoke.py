@@ -182,7 +182,8 @@ def kernel_checks(
 def gemm_checks(checks: Checks, device: torch.device, tokens: int, width: int) -> None:
     """Each natively run recipe's three GEMMs (forward, dgrad, wgrad) on the FP8 tensor cores
     against the emulation: one ``FP8Linear`` step each way, same weights, same input."""
-    from tutorial_lib.fp8 import FP8Linear, autocast
+    from tutorial_lib.fp8 import autocast
+    from tutorial_lib.fp8.linear import FP8Linear
     from tutorial_lib.fp8.native import check_recipe_device
     from tutorial_lib.fp8.recipes import make_recipe
 

@@ -16,7 +16,8 @@ from torch import nn
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.fp8 import DelayedScaling, FP8Linear, autocast, convert_to_fp8
+from tutorial_lib.fp8 import DelayedScaling, autocast, convert_to_fp8
+from tutorial_lib.fp8.linear import FP8Linear
 from tutorial_lib.jobs.dp_workers import DPRun
 from tutorial_lib.model import GPT
 from tutorial_lib.parallel import comm

@@ -15,19 +15,21 @@ import torch
 from tutorial_lib.fp8 import (
     E4M3,
     DelayedScaling,
-    Float8BlockScaling,
-    Float8CurrentScaling,
-    Float8RowwiseScaling,
-    FP8Linear,
-    MMParams,
     autocast,
-    emulated_gemm,
     gemm,
     linear_function,
     quantize,
     scaled_gemm,
 )
-from tutorial_lib.fp8.recipes import Recipe
+from tutorial_lib.fp8.gemm import emulated_gemm
+from tutorial_lib.fp8.linear import FP8Linear
+from tutorial_lib.fp8.recipes import (
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Float8RowwiseScaling,
+    Recipe,
+)
+from tutorial_lib.fp8.scaling import MMParams
 from tutorial_lib.fp8.te_policy import TE_DELAYED_SPLIT_ACCUMULATOR, te_recipe_kwargs
 
 

@@ -10,13 +10,9 @@ from torch import nn
 
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
-from tutorial_lib.fp8 import (
-    DelayedScaling,
-    FP8Linear,
-    autocast,
-    get_autocast_state,
-    update_amax_and_scale,
-)
+from tutorial_lib.fp8 import DelayedScaling, autocast, update_amax_and_scale
+from tutorial_lib.fp8.autocast import get_autocast_state
+from tutorial_lib.fp8.linear import FP8Linear
 
 RECIPE = DelayedScaling(amax_history_len=4)
 

@@ -17,7 +17,8 @@ import spawn_workers
 import torch
 from torch import nn
 
-from tutorial_lib.fp8 import FP8Linear, convert_to_fp8, exclude_fp8_from_ddp
+from tutorial_lib.fp8 import convert_to_fp8, exclude_fp8_from_ddp
+from tutorial_lib.fp8.linear import FP8Linear
 from tutorial_lib.parallel.launch import spawn
 
 AMAXES = [[8.0, 1.0], [2.0, 3.0]]  # per rank, per step

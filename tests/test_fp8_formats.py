@@ -16,15 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tutorial_lib.formats import BF16, finite_values, round_to_format
-from tutorial_lib.fp8 import (
-    E4M3,
-    E5M2,
-    FP8_FORMATS,
-    FP8Format,
-    dequantize,
-    get_fp8_format,
-    quantize,
-)
+from tutorial_lib.fp8 import E4M3, E5M2, dequantize, quantize
+from tutorial_lib.fp8.formats import FP8_FORMATS, FP8Format, get_fp8_format
 
 FORMATS = [E4M3, E5M2]
 INF, NAN = math.inf, math.nan

@@ -12,16 +12,16 @@ from tutorial_lib.fp8 import (
     E4M3,
     E5M2,
     DelayedScaling,
-    Format,
-    FP8Linear,
     autocast,
-    check_recipe_device,
     convert_to_fp8,
     dequantize,
-    emulated_gemm,
     quantize,
     scaled_gemm,
 )
+from tutorial_lib.fp8.gemm import emulated_gemm
+from tutorial_lib.fp8.linear import FP8Linear
+from tutorial_lib.fp8.native import check_recipe_device
+from tutorial_lib.fp8.scaling import Format
 
 RECIPE = DelayedScaling(amax_history_len=4)
 

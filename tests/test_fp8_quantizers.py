@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tutorial_lib import fp8
+from tutorial_lib.fp8.formats import get_fp8_format
 from tutorial_lib.fp8.quantizers import (
     QUANTIZERS,
     BlockQuantizer,
@@ -23,6 +24,8 @@ from tutorial_lib.fp8.quantizers import (
     DelayedQuantizer,
     MXFP8Quantizer,
     NVFP4Quantizer,
+    QuantizedTensor,
+    Quantizer,
     RowwiseQuantizer,
     get_quantizer,
 )
@@ -44,7 +47,7 @@ FLT_MAX = F32(np.finfo(np.float32).max)
 
 
 # ---- independent readings of a QuantizedTensor ---------------------------------------------
-def ml_values(q: fp8.QuantizedTensor) -> np.ndarray:
+def ml_values(q: QuantizedTensor) -> np.ndarray:
     """The payload decoded by ml_dtypes (float32)."""
     bits = q.data if q.fmt == "E2M1" else q.data.view(torch.uint8)
     return bits.numpy().view(ML[q.fmt]).astype(np.float32)
@@ -59,7 +62,7 @@ def per_element(grid: np.ndarray, tile: tuple[int, int], rows: int, cols: int) -
     return np.repeat(np.repeat(grid, tile[0], axis=0), tile[1], axis=1)[:rows, :cols]
 
 
-def read_multiplier(q: fp8.QuantizedTensor) -> np.ndarray:
+def read_multiplier(q: QuantizedTensor) -> np.ndarray:
     """Per element, the factor dequantization applies, decoded by numpy / ml_dtypes."""
     rows, cols = matrix_shape(tuple(q.shape))
     s = q.scale_inv
@@ -76,7 +79,7 @@ def read_multiplier(q: fp8.QuantizedTensor) -> np.ndarray:
     return per_element(grid, q.tile, rows, cols)
 
 
-def quant_multiplier(q: fp8.QuantizedTensor, x: np.ndarray) -> np.ndarray:
+def quant_multiplier(q: QuantizedTensor, x: np.ndarray) -> np.ndarray:
     """Per element, the factor TE's rules multiply ``x`` by before rounding, rebuilt here."""
     rows, cols = x.shape
     if q.recipe == "mxfp8":  # 2^(127 - code), code 0 -> 1 (TE's exp2f_rcp)
@@ -98,13 +101,13 @@ def quant_multiplier(q: fp8.QuantizedTensor, x: np.ndarray) -> np.ndarray:
     return F32(1) / read_multiplier(q)  # power-of-two scales: the reciprocal is exact
 
 
-def expected_payload(q: fp8.QuantizedTensor, x: np.ndarray, mult: np.ndarray) -> np.ndarray:
+def expected_payload(q: QuantizedTensor, x: np.ndarray, mult: np.ndarray) -> np.ndarray:
     """RNE of the scaled input by ml_dtypes, saturated to the format (TE's satfinite)."""
     top = MAX[q.fmt]
     return np.clip(x * mult, -top, top).astype(ML[q.fmt]).astype(np.float32)
 
 
-def check_payload(q: fp8.QuantizedTensor, x: torch.Tensor, mult: np.ndarray | None = None) -> None:
+def check_payload(q: QuantizedTensor, x: torch.Tensor, mult: np.ndarray | None = None) -> None:
     """``data`` holds exactly ml_dtypes' rounding of ``x * multiplier``; NaN handled per format."""
     xm = x.reshape(matrix_shape(tuple(x.shape))).numpy().astype(np.float32)
     got = ml_values(q).reshape(xm.shape)
@@ -117,7 +120,7 @@ def check_payload(q: fp8.QuantizedTensor, x: torch.Tensor, mult: np.ndarray | No
         assert np.isnan(got[nan]).all()
 
 
-def check_error_bound(q: fp8.QuantizedTensor, x: torch.Tensor) -> None:
+def check_error_bound(q: QuantizedTensor, x: torch.Tensor) -> None:
     """|dequantize - x| <= half an ulp of the element (relative) plus half the smallest
     subnormal step times the tile's multiplier; NVFP4 also loses what saturates above 6."""
     xm = x.reshape(matrix_shape(tuple(x.shape))).to(torch.float32).numpy()
@@ -132,11 +135,11 @@ def check_error_bound(q: fp8.QuantizedTensor, x: torch.Tensor) -> None:
     assert (err <= bound[finite]).all(), f"{q}: worst excess {(err - bound[finite]).max()}"
 
 
-def make(recipe: str, role: str, **options: object) -> fp8.Quantizer:
+def make(recipe: str, role: str, **options: object) -> Quantizer:
     return fp8.get_quantizer(recipe, role, **options)
 
 
-def fitted(recipe: str, role: str, x: torch.Tensor) -> fp8.Quantizer:
+def fitted(recipe: str, role: str, x: torch.Tensor) -> Quantizer:
     """The recipe's quantizer; for delayed scaling with a scale that a history fitting ``x``
     would give (a power of two at most max/amax), so that nothing saturates."""
     if recipe != "delayed":
@@ -281,7 +284,7 @@ def test_dequantize_returns_the_input_dtype() -> None:
 def test_current_matches_quantize_with_max_over_amax_bit_for_bit(role: str) -> None:
     x = wide(70, 90, seed=5)
     q = make("current", role).quantize(x)
-    fmt = fp8.get_fp8_format(q.fmt.lower())
+    fmt = get_fp8_format(q.fmt.lower())
     scale = torch.tensor(fmt.max, dtype=torch.float32) / x.abs().amax()
     assert torch.equal(q.data.view(torch.uint8), fp8.quantize(x, fmt, scale).view(torch.uint8))
     assert torch.equal(q.scale_inv, torch.reciprocal(scale))
@@ -495,7 +498,7 @@ def test_nvfp4_stochastic_rounding_is_seeded_and_unbiased() -> None:
     row = torch.linspace(-5.5, 5.5, 16)  # amax 5.5 -> block scale maps it to about 6
     x = row.repeat(4000, 1)
 
-    def quantized(seed: int) -> fp8.QuantizedTensor:
+    def quantized(seed: int) -> QuantizedTensor:
         g = torch.Generator().manual_seed(seed)
         return make("nvfp4", "grad_output", stochastic_rounding=True, generator=g).quantize(x)
 

@@ -18,15 +18,17 @@ from tutorial_lib.fp8 import (
     NATIVE,
     RECIPE_PRECISIONS,
     DelayedScaling,
-    Float8BlockScaling,
-    Float8CurrentScaling,
-    Float8RowwiseScaling,
-    FP8Linear,
-    MXFP8BlockScaling,
-    NVFP4BlockScaling,
     autocast,
     checkpoint,
     get_quantizer,
+)
+from tutorial_lib.fp8.linear import FP8Linear
+from tutorial_lib.fp8.recipes import (
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    Float8RowwiseScaling,
+    MXFP8BlockScaling,
+    NVFP4BlockScaling,
     make_recipe,
     recipe_name,
 )
@@ -189,7 +191,7 @@ def test_recipes_by_our_names_and_te_names() -> None:
 
 
 def test_recipes_refuse_what_te_refuses() -> None:
-    from tutorial_lib.fp8 import Format, MMParams
+    from tutorial_lib.fp8.scaling import Format, MMParams
 
     with pytest.raises(ValueError, match="both 2"):
         Float8BlockScaling(x_block_scaling_dim=2)  # with w's default 2: a 2-D x 2-D GEMM
@@ -232,7 +234,7 @@ def test_each_recipe_runs_natively_only_where_the_gpu_has_it(
             assert "has the math" in str(err.value) and "te-fp8" in str(err.value)
         else:
             assert native.gpus in str(err.value) and "has the math" not in str(err.value)
-    from tutorial_lib.fp8 import make_fp8_policy
+    from tutorial_lib.fp8.policy import make_fp8_policy
 
     make_fp8_policy(name, emulate=True).validate("cuda")  # opted in to the emulation
 

@@ -12,7 +12,9 @@ import torch.utils.checkpoint
 
 from tutorial_lib.build import build_model
 from tutorial_lib.config import GPTConfig
-from tutorial_lib.fp8 import DelayedScaling, Float8BlockScaling, FP8Linear, autocast, checkpoint
+from tutorial_lib.fp8 import DelayedScaling, autocast, checkpoint
+from tutorial_lib.fp8.linear import FP8Linear
+from tutorial_lib.fp8.recipes import Float8BlockScaling
 from tutorial_lib.model import GPT
 
 CFG = GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)

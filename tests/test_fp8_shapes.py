@@ -10,14 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from tutorial_lib.fp8 import (
-    FP8_SHAPE_RULE,
-    DelayedScaling,
-    FP8Linear,
-    autocast,
-    convert_to_fp8,
-    fp8_layer_problems,
-)
+from tutorial_lib.fp8 import FP8_SHAPE_RULE, DelayedScaling, autocast, convert_to_fp8
+from tutorial_lib.fp8.convert import fp8_layer_problems
+from tutorial_lib.fp8.linear import FP8Linear
 
 RECIPE = DelayedScaling(amax_history_len=4)
 

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from tutorial_lib import fp8
+from tutorial_lib.fp8.quantizers import QuantizedTensor
 from tutorial_lib.fp8.quantizers.base import scale_from_amax
 from tutorial_lib.fp8.quantizers.per_tensor import TORCHAO_EPS
 
@@ -250,7 +251,7 @@ def test_rowwise_special_rows_equal_torchao() -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_current_differs_from_torchao_where_documented(dtype: torch.dtype) -> None:
-    def both(x: torch.Tensor) -> tuple[fp8.QuantizedTensor, ao.Float8TrainingTensor]:
+    def both(x: torch.Tensor) -> tuple[QuantizedTensor, ao.Float8TrainingTensor]:
         x = x.to(dtype)
         return fp8.get_quantizer("current", "input").quantize(x), torchao_cast(
             x, "current", "input"

@@ -16,12 +16,9 @@ from tutorial_lib.__main__ import main
 from tutorial_lib.checkpoint import load_checkpoint
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.fp8 import (
-    FP8_LOSS_TOLERANCE,
-    FP8Linear,
-    convert_to_fp8,
-    make_fp8_policy,
-)
+from tutorial_lib.fp8 import convert_to_fp8
+from tutorial_lib.fp8.linear import FP8Linear
+from tutorial_lib.fp8.policy import FP8_LOSS_TOLERANCE, make_fp8_policy
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import get_policy
 from tutorial_lib.train import Trainer

@@ -1129,11 +1129,3 @@ def _check_te_scaling_state(
         # scale = fp8_max * 2^-margin / amax; a tensor never quantized (amax 0) keeps scale 1.
         expected_scale = torch.where(amax > 0, fp8_max / amax, torch.ones_like(amax))
         torch.testing.assert_close(scale, expected_scale, rtol=1e-6, atol=0)
-
-
-def test_fp8_package_exposes_te_available() -> None:
-    """The issue's entry point: ``tutorial_lib.fp8.te_available()`` -> (bool, reason)."""
-    import tutorial_lib.fp8 as fp8_pkg
-
-    ok, reason = fp8_pkg.te_available()
-    assert isinstance(ok, bool) and isinstance(reason, str) and reason

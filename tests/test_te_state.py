@@ -25,7 +25,8 @@ from tutorial_lib.checkpoint import load_checkpoint, load_model_state_dict, mode
 from tutorial_lib.checkpoint.files import CheckpointError, save_checkpoint
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
-from tutorial_lib.fp8 import DelayedScaling, Format, FP8ModuleState, ScalingMeta
+from tutorial_lib.fp8 import DelayedScaling
+from tutorial_lib.fp8.scaling import Format, FP8ModuleState, ScalingMeta
 from tutorial_lib.fp8.te_state import (
     TE_STATE_FORMAT,
     TE_UNSAFE_PICKLE_ENV,

@@ -26,71 +26,29 @@ use: ``precision.get_policy`` imports ``fp8.policy`` and ``fp8.te_policy`` when 
 
 from __future__ import annotations
 
-from ..hardware import te_available
-from .autocast import autocast, get_autocast_state, reduce_amax
-from .convert import convert_to_fp8, fp8_layer_problems
+from .autocast import autocast
+from .convert import convert_to_fp8
 from .ddp import exclude_fp8_from_ddp
-from .formats import E4M3, E5M2, FP8_FORMATS, FP8Format, dequantize, get_fp8_format, quantize
-from .gemm import emulated_gemm, scaled_gemm
-from .linear import FP8_SHAPE_RULE, FP8Linear
-from .native import NATIVE, check_recipe_device
-from .policy import FP8_LOSS_TOLERANCE, make_fp8_policy
-from .quantizers import QuantizedTensor, Quantizer, get_quantizer
-from .recipes import (
-    RECIPE_PRECISIONS,
-    RECIPES,
-    DelayedScaling,
-    Float8BlockScaling,
-    Float8CurrentScaling,
-    Float8RowwiseScaling,
-    MXFP8BlockScaling,
-    NVFP4BlockScaling,
-    make_recipe,
-    recipe_name,
-)
+from .formats import E4M3, E5M2, dequantize, quantize
+from .gemm import scaled_gemm
+from .linear import FP8_SHAPE_RULE
+from .native import NATIVE
+from .quantizers import get_quantizer
+from .recipes import RECIPE_PRECISIONS, RECIPES, DelayedScaling
 from .recompute import checkpoint
-from .scaling import (
-    FLT_MAX,
-    GEMM1_INPUT,
-    GEMM1_OUTPUT,
-    GEMM1_WEIGHT,
-    GRAD_INPUT1,
-    GRAD_OUTPUT1,
-    AmaxAlgo,
-    Format,
-    FP8ModuleState,
-    MMParams,
-    ScalingMeta,
-    update_amax_and_scale,
-)
+from .scaling import update_amax_and_scale
 from .stats import QuantStats, ScaleTrace, capture_gemm_tensors, quant_stats, scale_for
 from .te_checkpoint import convert_checkpoint
 
 __all__ = [
-    "te_available",
     # formats
-    "FP8Format",
     "E4M3",
     "E5M2",
-    "FP8_FORMATS",
-    "get_fp8_format",
     "quantize",
     "dequantize",
     # scaling
-    "Format",
     "DelayedScaling",
-    "MMParams",
-    "AmaxAlgo",
-    "GEMM1_INPUT",
-    "GEMM1_WEIGHT",
-    "GEMM1_OUTPUT",
-    "GRAD_OUTPUT1",
-    "GRAD_INPUT1",
-    "FLT_MAX",
     "update_amax_and_scale",
-    "ScalingMeta",
-    "FP8ModuleState",
-    "reduce_amax",
     # stats
     "QuantStats",
     "ScaleTrace",
@@ -99,38 +57,21 @@ __all__ = [
     "capture_gemm_tensors",
     # autocast
     "autocast",
-    "get_autocast_state",
     # quantizers (per-recipe reference quantizers)
     "get_quantizer",
-    "Quantizer",
-    "QuantizedTensor",
-    # recipes other than delayed scaling
-    "Float8CurrentScaling",
-    "Float8BlockScaling",
-    "MXFP8BlockScaling",
-    "NVFP4BlockScaling",
-    "Float8RowwiseScaling",
+    # recipes
     "RECIPES",
     "RECIPE_PRECISIONS",
     "NATIVE",
-    "make_recipe",
-    "recipe_name",
-    "check_recipe_device",
     # recompute
     "checkpoint",
     # gemm
     "scaled_gemm",
-    "emulated_gemm",
     # linear
-    "FP8Linear",
     "FP8_SHAPE_RULE",
     "convert_to_fp8",
-    "fp8_layer_problems",
     # ddp
     "exclude_fp8_from_ddp",
     # TE checkpoints
     "convert_checkpoint",
-    # policy
-    "FP8_LOSS_TOLERANCE",
-    "make_fp8_policy",
 ]
