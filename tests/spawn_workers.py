@@ -30,6 +30,18 @@ from tutorial_lib.parallel.tp_model import TPSpec, gather_full, parallelize
 from tutorial_lib.train import TrainConfig, Trainer
 
 
+def reduce_scatter_paths(group: Group, shape: tuple[int, ...], dim: int = 1) -> dict[str, Any]:
+    """Both of ``comm``'s reduce-scatter paths on a rank-dependent input: ``dist.reduce_scatter``
+    and the all-reduce + slice fallback for gloo builds without one (its private helpers: this
+    is their test)."""
+    x = torch.arange(torch.Size(shape).numel(), dtype=torch.float64).reshape(shape)
+    x = x * (group_rank(group) + 1)
+    return {
+        "reduce_scatter": comm._reduce_scatter(x, group, dim),
+        "by_all_reduce": comm._reduce_scatter_by_all_reduce(x, group, dim),
+    }
+
+
 def dp_refusals_worker(rank: int, world_size: int, run: DPRun) -> dict[str, str]:
     """What goes wrong on purpose, on every rank: a checkpoint write that fails on rank 0 (every
     rank must raise, not wait), and FP8 on a group of fewer than all processes (refused)."""

@@ -133,6 +133,7 @@ def _run_dist_checks(corpus: bytes) -> dict[str, Any]:
     jobs: dict[str, workers.WorkerJob] = {
         "ops4": ((0, 1, 2, 3), workers.operators_check, (OP_SHAPE,)),
         "ops3": ((1, 2, 3), workers.operators_check, ((2, 6, 3),)),
+        "reduce_scatter": ((0, 1, 2, 3), spawn_workers.reduce_scatter_paths, (OP_SHAPE,)),
         "column": (
             (2, 3),
             spawn_workers.parallel_linear_check,
@@ -190,8 +191,19 @@ def test_operators_forward_backward(dist_results: dict[str, Any], job: str) -> N
         assert torch.allclose(o["gather"]["dx"], dy_sum.chunk(n, dim=1)[r])
         assert torch.allclose(o["scatter"]["y"], total_x.chunk(n, dim=1)[r])
         assert torch.equal(o["scatter"]["dx"], torch.cat([p["scatter"]["dy"] for p in out], 1))
-        assert torch.equal(o["reduce_scatter"], o["reduce_scatter_by_all_reduce"])
         assert "even splits" in o["uneven_error"] and f"which {n} ranks" in o["uneven_error"]
+
+
+def test_both_reduce_scatter_paths_give_the_sum_slice(dist_results: dict[str, Any]) -> None:
+    """``dist.reduce_scatter`` and the all-reduce + slice fallback (gloo builds without the
+    first) both give rank r the r-th slice of the sum over ranks of ``x * (rank + 1)``."""
+    out = dist_results["reduce_scatter"]
+    n = len(out)
+    base = torch.arange(torch.Size(OP_SHAPE).numel(), dtype=torch.float64).reshape(OP_SHAPE)
+    total = base * (n * (n + 1) // 2)
+    for r, o in enumerate(out):
+        assert torch.equal(o["reduce_scatter"], total.chunk(n, dim=1)[r])
+        assert torch.equal(o["by_all_reduce"], o["reduce_scatter"])
 
 
 def test_operators_are_identities_without_group() -> None:

@@ -95,8 +95,7 @@ def tp_forward_backward(
 def operators_check(group: Group, shape: tuple[int, ...], dim: int = 1) -> dict[str, Any]:
     """Each of Megatron's operators on a rank-dependent input with a rank-dependent output
     gradient: per operator, the input, the output, the output gradient and the input gradient.
-    Also both reduce-scatter paths (``dist.reduce_scatter`` and all-reduce + narrow), and the
-    error for a sequence that does not split evenly."""
+    Also the error for a sequence that does not split evenly."""
     r = group_rank(group)
     numel = torch.Size(shape).numel()
     out: dict[str, Any] = {}
@@ -113,8 +112,6 @@ def operators_check(group: Group, shape: tuple[int, ...], dim: int = 1) -> dict[
         y.backward(dy)
         out[name] = {"x": x.detach(), "y": y.detach(), "dy": dy, "dx": x.grad}
     x = torch.arange(numel, dtype=torch.float64).reshape(shape) * (r + 1)
-    out["reduce_scatter"] = comm._reduce_scatter(x, group, dim)
-    out["reduce_scatter_by_all_reduce"] = comm._reduce_scatter_by_all_reduce(x, group, dim)
     try:  # a sequence the ranks cannot share equally
         comm.scatter_to_sp(torch.cat([x, x.narrow(dim, 0, 1)], dim), group, dim)
     except ValueError as exc:
