@@ -52,8 +52,8 @@ def dp_refusals_worker(rank: int, world_size: int, run: DPRun) -> dict[str, str]
 
     try:
         on_rank0(dist.group.WORLD, fails)
-    except RuntimeError as err:
-        out["write"] = str(err)
+    except (RuntimeError, OSError) as err:  # rank 0 raises its own error, the others name it
+        out["write"] = f"{type(err).__name__}: {err}"
     solo = dist.new_group([0])
     if rank == 0:
         try:

@@ -85,7 +85,7 @@ def test_folder_corpus_is_read_in_sorted_order(tmp_path: Path) -> None:
     _write(tmp_path / "sub" / "z.py", b"zzz")
     _write(tmp_path / "b.py", b"bbb")
     _write(tmp_path / "notes.txt", b"ignored")
-    corpus = load_corpus(tmp_path, max_bytes=None)
+    corpus = load_corpus(tmp_path, max_bytes=None, suffix=".py")
     expected_order = sorted([tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"])
     expected_order += [tmp_path / "sub" / "z.py"]
     expected_order = sorted(expected_order)
@@ -99,6 +99,21 @@ def test_folder_corpus_with_suffix(tmp_path: Path) -> None:
     _write(tmp_path / "a.txt", b"first")
     _write(tmp_path / "x.py", b"code")
     assert load_corpus(tmp_path, suffix=".txt") == b"first\nsecond"
+
+
+def test_folder_corpus_is_its_text_files_by_default(tmp_path: Path) -> None:
+    """Any file whose bytes are text (UTF-8, no NUL byte), whatever its name; not a binary
+    file, not invalid UTF-8, nothing hidden (``.git``) and no ``__pycache__``."""
+    _write(tmp_path / "b.md", b"markdown")
+    _write(tmp_path / "a" / "notes", "caf\u00e9".encode())
+    _write(tmp_path / "c.py", b"code")
+    _write(tmp_path / "data.bin", b"text, then\x00")
+    _write(tmp_path / "latin1.txt", "caf\u00e9".encode("latin-1"))
+    _write(tmp_path / ".git" / "config", b"[core]")
+    _write(tmp_path / ".env", b"SECRET=1")
+    _write(tmp_path / "__pycache__" / "x.txt", b"cache")
+    assert load_corpus(tmp_path) == "caf\u00e9\nmarkdown\ncode".encode()
+    assert load_corpus(tmp_path, max_bytes=4) == b"caf\xc3"  # a character cut is still text
 
 
 def test_folder_corpus_max_bytes_truncates(tmp_path: Path) -> None:
@@ -137,13 +152,20 @@ def test_whitespace_only_folder_raises(tmp_path: Path) -> None:
 
 def test_folder_without_matching_files_raises(tmp_path: Path) -> None:
     _write(tmp_path / "readme.txt", b"plenty of text here")
-    with pytest.raises(ValueError, match=r"'\.py'"):
-        load_corpus(tmp_path)
+    with pytest.raises(ValueError, match=r"no non-blank files ending in '\.py' found"):
+        load_corpus(tmp_path, suffix=".py")
 
 
 def test_empty_folder_raises(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="suffix"):
+    with pytest.raises(ValueError, match="no non-blank text files found"):
         load_corpus(tmp_path)
+
+
+def test_suffix_without_a_folder_raises(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="picks the files of a corpus folder"):
+        load_corpus(_write(tmp_path / "a.txt", b"text"), suffix=".txt")
+    with pytest.raises(ValueError, match="the corpus is the standard library"):
+        load_corpus(suffix=".py")
 
 
 # ---- make_data and the sampler -------------------------------------------------------------

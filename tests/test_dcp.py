@@ -17,7 +17,12 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from tutorial_lib.build import build_model
 from tutorial_lib.checkpoint.dcp import SafeLoadPlanner
-from tutorial_lib.checkpoint.files import CheckpointError
+from tutorial_lib.checkpoint.files import (
+    CheckpointError,
+    file_sha256,
+    load_checkpoint,
+    save_checkpoint,
+)
 from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.parallel.mesh import ParallelDims
@@ -81,6 +86,14 @@ def test_a_save_before_the_first_step_changes_nothing(tmp_path: Path) -> None:
     assert [r["loss"] for r in resumed.history] == want
 
 
+def _crafted(path: Path) -> None:
+    """Record the SHA-256 of the checkpoint's files as they are now: what someone who crafts a
+    checkpoint can do (its checksums catch damage, not intent), so the safe reader must hold."""
+    run = load_checkpoint(path / "run.pt")
+    run["files"] = {f.name: file_sha256(f) for f in (path / "shards").iterdir()}
+    save_checkpoint(path / "run.pt", run)
+
+
 def test_a_shard_path_outside_the_checkpoint_is_refused(tmp_path: Path) -> None:
     path = save_sharded(_trainer(), tmp_path / "ckpt")
     meta = path / "shards" / ".metadata"
@@ -89,6 +102,9 @@ def test_a_shard_path_outside_the_checkpoint_is_refused(tmp_path: Path) -> None:
         for info in metadata.storage_data.values():
             info.relative_path = bad
         meta.write_bytes(pickle.dumps(metadata))
+        with pytest.raises(CheckpointError, match=r"\.metadata is corrupt"):  # damage
+            load_sharded(_trainer(), path)
+        _crafted(path)
         with pytest.raises(CheckpointError, match="outside the checkpoint's directory"):
             load_sharded(_trainer(), path)
 
@@ -121,6 +137,7 @@ def test_crafted_metadata_or_values_do_not_run(tmp_path: Path) -> None:
     path = save_sharded(_trainer(), tmp_path / "ckpt")
     marker = tmp_path / "pwned"
     (path / "shards" / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
+    _crafted(path)
     with pytest.raises(CheckpointError, match=r"names posix\.mkdir.*refusing to unpickle"):
         load_sharded(_trainer(), path)
     assert not marker.exists()

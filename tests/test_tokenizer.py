@@ -22,7 +22,6 @@ from tutorial_lib.data import (
     train_split_bytes,
 )
 from tutorial_lib.tokenizer import (
-    ROWS_FILE,
     BPETokenizer,
     bits_per_byte,
     pad_vocab,
@@ -115,7 +114,7 @@ def test_cli_trains_with_bpe_and_resumes_with_the_saved_tokenizer(
     out = tmp_path / "bpe"
     assert main(_cli(out, text_file, 2, "--tokenizer", "bpe", "--vocab-size", "300")) == 0
     first = capsys.readouterr().out
-    assert "byte-level BPE, 300 tokens (300 asked; the model gets 320 rows)" in first
+    assert "byte-level BPE, 300 tokens; the model gets 320 rows; saved as" in first
     saved = BPETokenizer.load(out)
     assert saved.vocab_size == 300
     stamp = (out / "tokenizer.json").stat().st_mtime_ns
@@ -125,24 +124,19 @@ def test_cli_trains_with_bpe_and_resumes_with_the_saved_tokenizer(
     rows = json.loads((out / "metrics.json").read_text())
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert main(_cli(out, text_file, 4, "--tokenizer", "bpe", "--resume", "--vocab-size", "280"))
-    assert "saved a tokenizer asked for 300 tokens" in capsys.readouterr().err
+    assert "saved a tokenizer of 300 tokens" in capsys.readouterr().err
     assert main(_cli(tmp_path / "b", text_file, 1, "--vocab-size", "512")) == 1
     assert "--vocab-size sets the BPE vocabulary" in capsys.readouterr().err
 
 
-def test_rows_stay_those_asked_for_when_the_corpus_has_fewer_pairs(tmp_path: Path) -> None:
+def test_rows_follow_the_tokens_learned_when_the_corpus_has_fewer_pairs(tmp_path: Path) -> None:
     # 2,000 bytes of one repeated line cannot supply 1,000 merges at min_frequency 2
     small = train_bpe(b"def f(x):\n    return x + 1\n" * 80, 1000)
-    assert small.vocab_size < 1000 and small.asked == 1000
-    assert small.padded_vocab_size == 1024  # the rows asked for, so the model keeps its shape
+    assert small.vocab_size < 1000
+    assert small.padded_vocab_size == pad_vocab(small.vocab_size) < 1024  # not the rows asked
     small.save(tmp_path)
-    again = BPETokenizer.load(tmp_path)
-    assert (again.asked, again.padded_vocab_size) == (1000, 1024)
-    (tmp_path / ROWS_FILE).write_text('{"rows": 3}')
-    with pytest.raises(ValueError, match="asked"):
-        BPETokenizer.load(tmp_path)
-    (tmp_path / ROWS_FILE).unlink()  # without the file: the tokenizer's own size, padded
-    assert BPETokenizer.load(tmp_path).padded_vocab_size == pad_vocab(small.vocab_size)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"]  # all it takes
+    assert BPETokenizer.load(tmp_path).padded_vocab_size == small.padded_vocab_size
 
 
 def test_preset_tokenizer_and_data_follow_the_preset(text_file: Path) -> None:

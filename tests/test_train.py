@@ -465,6 +465,7 @@ def test_every_checkpoint_we_write_opens_safely(
         *trainer.run_state(),
         "model",
         "optimizer",
+        "checksum",
     }
 
 

@@ -10,22 +10,21 @@ import argparse
 import dataclasses
 import json
 import os
-from pathlib import Path
+from datetime import timedelta
 
 import torch
 
 from . import __version__
-from .checkpoint import load_checkpoint
-from .checkpoint.run import RUN_FILE
+from .checkpoint.folder import RunFolder
 from .config import GPTConfig, RunPreset, get_preset
 from .data import load_corpus, make_data, train_split_bytes
 from .hardware import default_device, describe_device, fp8_gemm_status, te_available
-from .parallel.launch import init_from_env
+from .parallel.launch import init_from_env, watch_ranks
 from .parallel.mesh import check_layout, groups_2d, local_rows
 from .precision import available_policies
 from .runs import parallel_trainer
 from .tokenizer import TOKENIZER_FILE, BPETokenizer, train_bpe
-from .train import TrainConfig, Trainer
+from .train import TrainConfig
 
 __all__ = ["bench", "convert_checkpoint", "info", "ntp_reproduce", "train"]
 
@@ -168,10 +167,22 @@ def ntp_reproduce(args: argparse.Namespace) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
-    """``python -m tutorial_lib train``: build the run from the parsed arguments (one process,
-    or this rank's place in ``--dp`` x ``--tp`` under torchrun), resume with ``--resume``, train,
-    and on rank 0 write ``metrics.json`` and report."""
+    """``python -m tutorial_lib train``: open ``--out`` (``RunFolder``: checked, locked, tidied;
+    rank 0), build the run from the parsed arguments (one process, or this rank's place in
+    ``--dp`` x ``--tp`` under torchrun), resume with ``--resume``, train, and on rank 0 write
+    ``metrics.json`` and report."""
 
+    folder = RunFolder(args.out)
+    if int(os.environ.get("RANK", "0")) == 0:  # before anything is written or trained
+        for note in folder.open(resume=args.resume, force=args.force):
+            print(note)
+    try:
+        return _train(args, folder)
+    finally:
+        folder.close()
+
+
+def _train(args: argparse.Namespace, folder: RunFolder) -> int:
     preset = get_preset(args.preset)
     # A named size gets its vocabulary from the tokenizer below (bytes: 256 rows).
     model_cfg = (
@@ -191,11 +202,12 @@ def train(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     tokenizer = _tokenizer(args, preset)
-    if tokenizer is not None:  # the rows asked for, whatever the corpus let it learn
+    if tokenizer is not None:  # the rows of the tokens it learned, padded
         model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.padded_vocab_size)
     elif model_cfg.vocab_size != 256:  # a BPE preset trained --tokenizer bytes
         model_cfg = dataclasses.replace(model_cfg, vocab_size=256)
-    data = make_data(model_cfg.block_size, path=args.data, seed=args.seed, tokenizer=tokenizer)
+    block, suffix = model_cfg.block_size, args.data_suffix
+    data = make_data(block, args.data, seed=args.seed, tokenizer=tokenizer, suffix=suffix)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if args.dp is None:  # torchrun with N processes: data parallelism over what --tp leaves
         args.dp = max(1, world // args.tp) if world > 1 else 1
@@ -214,8 +226,9 @@ def train(args: argparse.Namespace) -> int:
         check_layout(args.dp, args.tp, world, model_cfg)
         local_rows(cfg.batch_size, args.dp, 0)  # a batch that does not split: the error, first
         cpu = args.device is not None and torch.device(args.device).type == "cpu"
-        joined = init_from_env("gloo" if cpu else None)  # NCCL on GPUs
-        found = groups_2d(args.dp, args.tp, range(world))
+        joined = init_from_env("gloo" if cpu else None, args.dist_timeout)  # NCCL on GPUs
+        timeout = timedelta(seconds=args.dist_timeout)  # each group needs it: not inherited
+        found = groups_2d(args.dp, args.tp, range(world), timeout=timeout)
         assert found is not None  # every process takes part
         groups, device = found, torch.device(args.device) if args.device else joined
     trainer = parallel_trainer(
@@ -233,13 +246,20 @@ def train(args: argparse.Namespace) -> int:
         vocab_parallel=args.vocab_parallel,
     )
     ckpt = trainer.checkpoint_path
-    if args.resume:
-        _resume(trainer, args.out)
-    history = trainer.train()
+    latest = folder.latest() if args.resume else None
+    if latest is not None:
+        trainer.resume(latest, new_data=args.new_data)
+        print(f"resumed from {latest} at step {trainer.step}")
+    if args.dp * args.tp > 1:  # a rank that stops responding ends the run, named
+        with watch_ranks(trainer.step, args.dist_timeout) as on_step:
+            history = trainer.train(on_step=on_step)
+    else:
+        history = trainer.train()
     if not trainer.parallel.is_rank0:
         return 0  # only rank 0 writes files and reports
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "metrics.json").write_text(json.dumps(history, indent=1))
+    metrics = args.out / "metrics.json"
+    metrics.with_name(".metrics.json.tmp").write_text(json.dumps(history, indent=1))
+    metrics.with_name(".metrics.json.tmp").replace(metrics)  # atomically, as checkpoints are
     last = history[-1] if history else None
     if last is not None:
         print(
@@ -262,37 +282,23 @@ def _tokenizer(args: argparse.Namespace, preset: RunPreset) -> BPETokenizer | No
     saved = args.out / TOKENIZER_FILE
     if args.resume and saved.exists():
         tokenizer = BPETokenizer.load(saved)
-        # (a corpus without enough frequent pairs gives fewer tokens than were asked for)
-        asked = tokenizer.asked or tokenizer.vocab_size
-        if args.vocab_size is not None and args.vocab_size != asked:
+        if args.vocab_size is not None and args.vocab_size != tokenizer.vocab_size:
             raise ValueError(
-                f"--vocab-size {args.vocab_size}, but the run being resumed saved a tokenizer "
-                f"asked for {asked} tokens ({saved}): drop --vocab-size, or start a new run in "
-                "another --out."
+                f"--vocab-size {args.vocab_size}, but the run being resumed saved a tokenizer of "
+                f"{tokenizer.vocab_size} tokens ({saved}; a corpus can yield fewer than asked): "
+                "drop --vocab-size to resume with it, or start a new run in another --out."
             )
         return tokenizer
     vocab = args.vocab_size or preset.bpe_vocab
-    tokenizer = train_bpe(train_split_bytes(load_corpus(args.data)), vocab)
+    corpus = load_corpus(args.data, suffix=args.data_suffix)
+    tokenizer = train_bpe(train_split_bytes(corpus), vocab)
     if int(os.environ.get("RANK", "0")) == 0:
         tokenizer.save(saved)
+        learned = f"{tokenizer.vocab_size} tokens"
+        if tokenizer.vocab_size < vocab:  # too few pairs seen twice for the merges asked for
+            learned += f" of the {vocab} asked (the corpus has no more pairs seen twice)"
         print(
-            f"tokenizer: byte-level BPE, {tokenizer.vocab_size} tokens ({vocab} asked; the "
-            f"model gets {tokenizer.padded_vocab_size} rows), saved as {saved}"
+            f"tokenizer: byte-level BPE, {learned}; the model gets "
+            f"{tokenizer.padded_vocab_size} rows; saved as {saved}"
         )
     return tokenizer
-
-
-def _resume(trainer: Trainer, out: Path) -> None:
-    """The newer of the two forms of checkpoint in ``out`` (by step; on a tie, the one this
-    run writes); nothing if there is none."""
-    mine = trainer.checkpoint_path
-    found_all = [p for p in (mine, out / "checkpoint.pt", out / "checkpoint") if p and p.exists()]
-    if not found_all:
-        return
-
-    def step(path: Path) -> int:
-        return int(load_checkpoint(path / RUN_FILE if path.is_dir() else path).get("step", 0))
-
-    found = max(dict.fromkeys(found_all), key=step)  # max keeps the first of equals: mine
-    trainer.resume(found)
-    print(f"resumed from {found} at step {trainer.step}")

@@ -11,7 +11,10 @@ of GPT-2's size trained on the corpus at ``hopper``), at the preset model's cont
 
 from __future__ import annotations
 
+import codecs
 import functools
+import hashlib
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,33 +66,76 @@ def _stdlib_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if not (skip & set(p.relative_to(root).parts[:-1])))
 
 
-def load_corpus(
-    path: str | Path | None = None, max_bytes: int | None = 8_000_000, suffix: str = ".py"
-) -> bytes:
-    """Read a corpus: a text file, every ``suffix`` file under a folder, or (default) the stdlib.
+def _folder_files(root: Path, suffix: str | None) -> list[Path]:
+    """The files under ``root`` in sorted path order, those ending in ``suffix`` if given;
+    hidden files and folders (``.git``) and ``__pycache__`` left out."""
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        names = [n for n in names if not n.startswith(".")]
+        files += [Path(folder, n) for n in names if suffix is None or n.endswith(suffix)]
+    return sorted(f for f in files if f.is_file())
 
-    Files are concatenated in sorted path order, separated by a newline; reading stops after
-    ``max_bytes`` (None reads everything).
+
+def _read(path: Path, limit: int | None, text_only: bool) -> bytes | None:
+    """The first ``limit`` bytes of ``path`` (None: all); None if it cannot be read or, with
+    ``text_only``, is not text: a NUL byte, or bytes that do not decode as UTF-8."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(-1 if limit is None else limit)
+    except OSError:
+        return None  # unreadable (permissions, a broken link): not part of the corpus
+    if text_only:
+        whole = limit is None or len(data) < limit  # else a character cut there is no error
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(data, final=whole)
+        except UnicodeDecodeError:
+            return None
+        if b"\0" in data:
+            return None
+    return data
+
+
+def load_corpus(
+    path: str | Path | None = None,
+    max_bytes: int | None = 8_000_000,
+    suffix: str | None = None,
+) -> bytes:
+    """Read a corpus: a text file; a folder's text files (the files whose bytes decode as UTF-8
+    and hold no NUL byte), or its files ending in ``suffix``; or (default) the stdlib's ``.py``.
+
+    Files are concatenated in sorted path order, separated by a newline; a folder's hidden files
+    and folders (``.git``) and ``__pycache__`` are left out. Reading stops after ``max_bytes``
+    (None reads everything).
     """
-    if path is None:
-        files = _stdlib_files(stdlib_source_dir())
+    p = None if path is None else Path(path).expanduser()
+    if p is not None and not p.exists():
+        raise FileNotFoundError(
+            f"Corpus path {str(p)!r} does not exist. Pass an existing text file or folder, "
+            "or leave it unset (None) for the Python standard library's sources."
+        )
+    if suffix is not None and (p is None or not p.is_dir()):
+        raise ValueError(
+            f"A suffix ({suffix!r}, --data-suffix) picks the files of a corpus folder, but the "
+            f"corpus is {'the standard library' if p is None else f'the file {p}'}: pass a "
+            "folder, or drop the suffix."
+        )
+    text_only = False  # a folder without a suffix: its files that hold text
+    if p is None:
+        files, searched = _stdlib_files(stdlib_source_dir()), "'.py' files"
         where = f"the standard library at {stdlib_source_dir()}"
+    elif p.is_dir():
+        files, where, text_only = _folder_files(p, suffix), str(p), suffix is None
+        searched = "text files" if suffix is None else f"files ending in {suffix!r}"
     else:
-        p = Path(path).expanduser()
-        if not p.exists():
-            raise FileNotFoundError(
-                f"Corpus path {str(p)!r} does not exist. Pass an existing text file or folder, "
-                "or leave it unset (None) for the Python standard library's sources."
-            )
-        files = [p] if p.is_file() else sorted(q for q in p.rglob(f"*{suffix}") if q.is_file())
-        where = str(p)
+        files, searched, where = [p], "text", str(p)
     chunks: list[bytes] = []
     total = 0
     for f in files:
-        try:
-            data = f.read_bytes()
-        except OSError:
-            continue  # unreadable file (permissions, broken link): not part of the corpus
+        limit = None if max_bytes is None else max_bytes - total
+        data = _read(f, limit, text_only)
+        if data is None:
+            continue
         chunks.append(data)
         total += len(data) + 1
         if max_bytes is not None and total >= max_bytes:
@@ -97,9 +143,9 @@ def load_corpus(
     corpus = b"\n".join(chunks)[:max_bytes] if max_bytes is not None else b"\n".join(chunks)
     if not corpus.strip():
         raise ValueError(
-            f"The corpus from {where} is empty (no non-blank {suffix!r} text found). "
-            "Point `path` at a non-empty text file, or at a folder with files ending in "
-            f"{suffix!r} (or pass suffix=...)."
+            f"The corpus from {where} is empty: no non-blank {searched} found. Point --data "
+            "(`path`) at a non-empty text file, or at a folder of text files"
+            + ("." if suffix is None else " (or change --data-suffix).")
         )
     return corpus
 
@@ -112,6 +158,7 @@ class TokenData:
     val: torch.Tensor  # (N_val,) token ids
     block_size: int
     seed: int = 0
+    tokenizer: str = "bytes"  # "bytes", or the SHA-256 of the BPE tokenizer (``digest``)
 
     def __post_init__(self) -> None:
         for name, split in (("train", self.train), ("val", self.val)):
@@ -153,6 +200,16 @@ class TokenData:
             )
         return x, y
 
+    def fingerprint(self) -> dict[str, str]:
+        """What a checkpoint records of the data it was trained on: the tokenizer's digest and
+        the SHA-256 of both token streams (another corpus, or the same one tokenized by another
+        tokenizer, changes it)."""
+        digest = hashlib.sha256()
+        for split in (self.train, self.val):
+            digest.update(f"{split.dtype}{len(split)}:".encode())
+            digest.update(split.contiguous().view(torch.uint8).numpy().data)
+        return {"tokenizer": self.tokenizer, "tokens": digest.hexdigest()}
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Sampler RNG state, so a resumed run draws the same batches."""
         return {k: g.get_state() for k, g in self._gens.items()}
@@ -169,15 +226,17 @@ def make_data(
     seed: int = 0,
     max_bytes: int | None = 8_000_000,
     tokenizer: BPETokenizer | None = None,
+    suffix: str | None = None,
 ) -> TokenData:
-    """Tokenize a corpus (see ``load_corpus``): one token per byte, or with a trained BPE
-    ``tokenizer`` (``tokenizer.train_bpe``); then split it: the last part is validation."""
+    """Tokenize a corpus (see ``load_corpus``, which takes ``path``, ``max_bytes`` and
+    ``suffix``): one token per byte, or with a trained BPE ``tokenizer``
+    (``tokenizer.train_bpe``); then split it: the last part is validation."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}.")
-    corpus = load_corpus(path, max_bytes=max_bytes)
+    corpus = load_corpus(path, max_bytes=max_bytes, suffix=suffix)
     if tokenizer is not None:
         train, val = _bpe_splits(corpus, tokenizer, val_fraction)
-        return TokenData(train, val, block_size=block_size, seed=seed)
+        return TokenData(train, val, block_size, seed, tokenizer=tokenizer.digest())
     tokens = torch.from_numpy(np.frombuffer(corpus, dtype=np.uint8).copy())
     n_train = len(tokens) - int(len(tokens) * val_fraction)  # not tokens[:-n_val]: n_val may be 0
     return TokenData(tokens[:n_train], tokens[n_train:], block_size=block_size, seed=seed)
@@ -234,7 +293,8 @@ def preset_data(
         return make_data(block, path, seed=seed)
     where = None if path is None else str(Path(path).expanduser().resolve())
     train, val = _bpe_tokens(where, preset.bpe_vocab)
-    return TokenData(train, val, block_size=block, seed=seed)
+    digest = _trained_bpe(where, preset.bpe_vocab).digest()
+    return TokenData(train, val, block_size=block, seed=seed, tokenizer=digest)
 
 
 def synthetic_batch(

@@ -10,18 +10,18 @@ bytes are read as U+FFFD first).
 ``train_bpe(corpus, vocab_size)`` trains one in seconds (the Rust trainer of ``tokenizers``; no
 download: the corpus is on this machine). ``BPETokenizer`` encodes and decodes, and saves and
 loads itself as ``tokenizer.json``: plain JSON, nothing to unpickle. Its ``padded_vocab_size`` is
-the vocabulary asked for rounded up to a multiple of 64, the size the embedding and the LM head
-get (GPT-2's 50,257 becomes 50,304, which tiles the GEMMs evenly; the extra rows are never a
-target). A corpus can hold fewer pairs seen twice than the merges asked for, so the tokenizer
-learns fewer tokens; the rows stay those asked for, so the model keeps its shape, and
-``tokenizer.rows.json`` beside the tokenizer keeps that number for a resumed run.
+its vocabulary rounded up to a multiple of 64, the size the embedding and the LM head get
+(GPT-2's 50,257 becomes 50,304, which tiles the GEMMs evenly; the extra rows are never a
+target). A corpus can hold fewer pairs seen twice than the merges asked for: the tokenizer then
+learns fewer tokens than asked, and the model gets the rows of the tokens it learned (a row past
+them could never be a target), so ``tokenizer.json`` alone says the model's shape.
 ``tokenize(corpus, tokenizer)`` turns the corpus into token ids; ``bits_per_byte`` makes losses
 comparable across tokenizers.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import math
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,6 @@ import torch
 __all__ = [
     "BPETokenizer",
     "END_OF_TEXT",
-    "ROWS_FILE",
     "TOKENIZER_FILE",
     "bits_per_byte",
     "pad_vocab",
@@ -42,7 +41,6 @@ __all__ = [
 
 END_OF_TEXT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
-ROWS_FILE = "tokenizer.rows.json"  # {"asked": the vocabulary train_bpe was asked for}
 _CHUNK = 1 << 16  # bytes per training text chunk
 
 
@@ -56,9 +54,8 @@ def pad_vocab(vocab_size: int) -> int:
 class BPETokenizer:
     """A trained byte-level BPE tokenizer (a ``tokenizers.Tokenizer``)."""
 
-    def __init__(self, tokenizer: Any, asked: int | None = None) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.asked = asked  # the vocabulary train_bpe was asked for (None: vocab_size)
 
     @property
     def vocab_size(self) -> int:
@@ -67,9 +64,12 @@ class BPETokenizer:
 
     @property
     def padded_vocab_size(self) -> int:
-        """The embedding's and LM head's rows: the vocabulary asked for (at least ``vocab_size``)
-        rounded up to a multiple of 64."""
-        return pad_vocab(max(self.vocab_size, self.asked or 0))
+        """The embedding's and LM head's rows: ``vocab_size`` rounded up to a multiple of 64."""
+        return pad_vocab(self.vocab_size)
+
+    def digest(self) -> str:
+        """SHA-256 of the tokenizer's JSON: what a checkpoint records of it (``TokenData``)."""
+        return hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text).ids)
@@ -86,11 +86,6 @@ class BPETokenizer:
         if path.suffix != ".json":
             path = path / TOKENIZER_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        if self.asked is not None:  # first: a tokenizer.json on disk always has its rows
-            rows = path.with_name(ROWS_FILE)
-            tmp = rows.with_name(rows.name + ".tmp")
-            tmp.write_text(json.dumps({"asked": self.asked}))
-            tmp.replace(rows)
         tmp = path.with_name(path.name + ".tmp")
         self.tokenizer.save(str(tmp))
         tmp.replace(path)  # atomically: a crash never leaves half a tokenizer
@@ -113,23 +108,13 @@ class BPETokenizer:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as err:  # tokenizers raises its own Exception subclass
             raise ValueError(f"{path} is not a tokenizers JSON file: {err}") from None
-        rows = path.with_name(ROWS_FILE)
-        asked = None
-        if rows.is_file():
-            try:
-                asked = int(json.loads(rows.read_text())["asked"])
-            except (ValueError, KeyError, TypeError) as err:
-                raise ValueError(
-                    f'{rows} should be {{"asked": <vocabulary>}} ({err!r}); delete it to use '
-                    "the tokenizer's own size."
-                ) from None
-        return cls(tokenizer, asked=asked)
+        return cls(tokenizer)
 
 
 def train_bpe(corpus: bytes, vocab_size: int) -> BPETokenizer:
     """A byte-level BPE tokenizer of ``vocab_size`` tokens (256 bytes, one end-of-text token and
-    the merges, each of a pair seen at least twice) trained on ``corpus`` (decoded as UTF-8;
-    invalid bytes become U+FFFD)."""
+    the merges, each of a pair seen at least twice: fewer if the corpus has too few such pairs)
+    trained on ``corpus`` (decoded as UTF-8; invalid bytes become U+FFFD)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 257 + 1:
@@ -150,7 +135,7 @@ def train_bpe(corpus: bytes, vocab_size: int) -> BPETokenizer:
     text = corpus.decode("utf-8", errors="replace")
     chunks = (text[i : i + _CHUNK] for i in range(0, len(text), _CHUNK))
     tok.train_from_iterator(chunks, trainer=trainer, length=math.ceil(len(text) / _CHUNK))
-    return BPETokenizer(tok, asked=vocab_size)
+    return BPETokenizer(tok)
 
 
 def tokenize(corpus: bytes, tokenizer: BPETokenizer) -> torch.Tensor:

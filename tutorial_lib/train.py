@@ -315,13 +315,18 @@ class Trainer:
             "schedule": {"step": self.step, "lr": lr_at(self.step, self.cfg)},
             "rng": rng,
             "data": self.data.state_dict(),
+            "trained_on": self.data.fingerprint(),
             "history": self.history,
         }
 
-    def check_compatible(self, state: dict[str, Any]) -> None:
-        """A ValueError unless ``state`` is a checkpoint of this model in this precision."""
+    def check_compatible(self, state: dict[str, Any], new_data: bool = False) -> None:
+        """A ValueError unless ``state`` is a checkpoint of this model in this precision, trained
+        on this data (its tokenizer and corpus), or ``new_data`` says to continue on other data."""
         if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError("Not a tutorial_lib checkpoint (missing or unknown 'format').")
+            raise ValueError(
+                f"Not a checkpoint of this tutorial_lib (format {state.get('format')!r}, expected "
+                f"{CHECKPOINT_FORMAT!r}): start the run again without --resume."
+            )
         if state["model_config"] != dataclasses.asdict(self.model.config):
             raise ValueError(
                 "Checkpoint model config differs from this model's: "
@@ -340,16 +345,26 @@ class Trainer:
                 f"The checkpoint was trained in precision {saved!r}, this model is built for "
                 f"{self.recipe.precision!r}: resume with --precision {saved}{hint}."
             )
+        saved_data, data = state["trained_on"], self.data.fingerprint()
+        if saved_data != data and not new_data:
+            changed = "tokenizer" if saved_data["tokenizer"] != data["tokenizer"] else "corpus"
+            raise ValueError(
+                f"The checkpoint was trained with another {changed} than this run's (the "
+                "checkpoint records their checksums). Resume with the same --data and the "
+                "run's tokenizer.json, or pass --new-data to continue on this data on purpose."
+            )
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint (every rank of a parallel run calls it)."""
         self.last_checkpoint = save_run(path, self.model, self.optimizer, self.run_state())
         return self.last_checkpoint
 
-    def resume(self, path: str | Path) -> None:
+    def resume(self, path: str | Path, new_data: bool = False) -> None:
         """Restore everything from a checkpoint file or directory, written at any layout;
-        ``train()`` continues."""
-        state = load_run(path, self.model, self.optimizer, check=self.check_compatible)
+        ``train()`` continues. ``new_data``: continue on other data than the checkpoint's."""
+        state = load_run(
+            path, self.model, self.optimizer, check=lambda s: self.check_compatible(s, new_data)
+        )
         # then what ``run_state`` saved (load_run restored the model and the optimizer)
         if state["step"] == 0:  # no step taken yet: AdamW creates its state at the first one
             self.optimizer.state.clear()

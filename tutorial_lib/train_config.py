@@ -66,7 +66,7 @@ class TrainConfig:
         fields: dict[str, Any] = {
             "steps": steps,
             "batch_size": batch_size or preset.batch_size,
-            "lr": lr or preset.lr,
+            "lr": preset.lr if lr is None else lr,  # 0 is an error, not the preset's
             "warmup_steps": min(preset.warmup_steps, steps),
             "eval_every": preset.eval_every,
             "eval_iters": preset.eval_iters,

@@ -151,7 +151,7 @@ def ladder_run(
     cfg = preset.model_config()
     data = data or preset_data(preset, block_size=cfg.block_size)
     batch = batch or preset.parity_batch_size
-    lr = lr or min(preset.lr, LADDER_MAX_LR)
+    lr = min(preset.lr, LADDER_MAX_LR) if lr is None else lr
     start = data.state_dict()
     return LadderRun(preset, dev, data, start, steps, batch, warmup, lr, count_breaks)
 

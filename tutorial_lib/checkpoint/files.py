@@ -1,8 +1,13 @@
-"""Checkpoint files: written atomically, opened without running code from them.
+"""Checkpoint files: written atomically, verified on load, opened without running code from them.
 
-``save_checkpoint`` writes through a temporary file, fsync and ``os.replace``, so a crash never
-leaves a torn file. ``load_checkpoint`` opens only whole ``torch.save`` archives, with
-``torch.load(weights_only=True)``: tensors and plain data, nothing that could run code.
+``save_checkpoint`` records a checksum of the content (``state_digest``: SHA-256 over every
+tensor's dtype, shape and bytes and every plain value, in order), writes through a temporary
+file and fsync, reads the file back to check that the disk holds the bytes written, and only
+then renamed into place (``os.replace``): a crash never leaves a torn file, and the previous
+checkpoint is replaced only by a complete, verified one. ``load_checkpoint`` opens only whole
+``torch.save`` archives, with ``torch.load(weights_only=True)`` (tensors and plain data, nothing
+that could run code), and refuses content that does not match its checksum: a flipped bit in a
+tensor or a setting is an error naming the file, never a silently different run.
 
 A model's state goes through ``model_state_dict`` / ``load_model_state_dict``. For plain and
 ``FP8Linear`` models they are ``state_dict``/``load_state_dict``. A Transformer Engine module
@@ -14,18 +19,23 @@ that holds TE's pickled form is refused with a ``CheckpointError`` naming the mo
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import pickle
 import re
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 
 __all__ = [
+    "CHECKSUM",
     "CheckpointError",
+    "file_sha256",
+    "state_digest",
     "save_checkpoint",
     "load_checkpoint",
     "convert_checkpoint_file",
@@ -34,19 +44,84 @@ __all__ = [
 ]
 
 
+CHECKSUM = "checksum"  # the key under which a checkpoint file records its content's digest
+
+
+def state_digest(state: Any) -> str:
+    """SHA-256 of a checkpoint's content: each tensor's dtype, shape and bytes, each plain value's
+    type and ``repr``, dicts and lists in order. The same before ``torch.save`` and after
+    ``torch.load``; any changed bit of a tensor or a setting changes it."""
+    digest = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            digest.update(f"T{t.dtype}{tuple(t.shape)}:".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().data)
+        elif isinstance(value, dict):
+            digest.update(f"D{len(value)}:".encode())
+            for key, item in value.items():
+                feed(key)
+                feed(item)
+        elif isinstance(value, list | tuple):
+            digest.update(f"L{len(value)}:".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+    feed(state)
+    return digest.hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class _HashingWriter:
+    """The file ``torch.save`` writes to, hashing the bytes on their way."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.digest = f, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return int(self.f.write(data))
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` with ``torch.save`` atomically: a crash never leaves a torn file."""
+    """Write ``state`` and its ``state_digest`` (under ``CHECKSUM``) with ``torch.save``,
+    atomically: into a temporary file, synced and read back, then renamed over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    state = {**state, CHECKSUM: state_digest(state)}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            writer = _HashingWriter(f)
+            torch.save(state, cast(IO[bytes], writer))  # it only calls write, flush
             f.flush()
             os.fsync(f.fileno())
+        if file_sha256(tmp) != writer.digest.hexdigest():
+            raise CheckpointError(
+                f"Writing {path}: the file read back differs from the bytes written (a failing "
+                "disk or filesystem). The previous checkpoint was kept; write to another --out."
+            )
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno and not exc.filename:  # a full disk: name it
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        if "unexpected pos" in str(exc):  # torch's word for a short write: the same, errno-less
+            raise OSError(errno.ENOSPC, "No space left (or file too large)", str(path)) from exc
         raise
     return path
 
@@ -62,19 +137,19 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     ``torch.load(weights_only=True)``: tensors, numbers, strings, lists, tuples and dicts only,
     which is everything a ``Trainer`` checkpoint holds. Anything else (a pickled object whose
     unpickling calls a function) is refused with ``CheckpointError``, as is a file that is not
-    a whole ``torch.save`` archive.
+    a whole ``torch.save`` archive, or whose content does not match the checksum it records.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint at {path}.")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its directory is last
+    if not _is_zipfile(path):  # torch.save writes a zip archive; its directory is last
         raise CheckpointError(
             f"{path} is not a readable checkpoint: it is empty, truncated or corrupt, or not a "
             f"torch.save file ({path.stat().st_size} bytes). Resume from an earlier checkpoint, "
             "or start the run again without --resume."
         )
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         unsafe = re.search(r"GLOBAL (\S+)", str(exc))  # a global the safe unpickler refused
         if unsafe is None:  # damaged pickle data inside a whole archive
@@ -85,8 +160,34 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             "checkpoints never contain such objects. Only if you trust the file's source, open "
             "it with torch.load(path, weights_only=False) and save its tensors again."
         ) from None
-    except (RuntimeError, EOFError, ValueError, KeyError, OSError) as exc:
+    except Exception as exc:  # torch's reader meets damaged bytes in many ways
         raise _corrupt(path, exc) from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"{path} holds a {type(state).__name__}, not a checkpoint (a dict of the run's "
+            "state). Resume from a checkpoint a run wrote, or start again without --resume."
+        )
+    recorded = state.pop(CHECKSUM, None)
+    if recorded is None:
+        raise CheckpointError(
+            f"{path} records no checksum, so its content cannot be verified: it was not written "
+            "by save_checkpoint (or by a tutorial_lib older than checkpoint format 2). Start the "
+            "run again without --resume."
+        )
+    if recorded != state_digest(state):
+        raise CheckpointError(
+            f"{path} is corrupt: its content does not match the checksum recorded when it was "
+            "written (a changed bit on the disk or in a copy). Resume from an earlier "
+            "checkpoint, or start the run again without --resume."
+        )
+    return state
+
+
+def _is_zipfile(path: Path) -> bool:
+    try:
+        return zipfile.is_zipfile(path)
+    except zipfile.BadZipFile:  # a damaged end record it does not catch itself
+        return False
 
 
 def _corrupt(path: Path, exc: BaseException) -> CheckpointError:

@@ -11,10 +11,18 @@ the layout (``ParallelDims.sharded``):
 - **a DCP directory**, ``checkpoint/``, when the state is split over ranks (FSDP2, tensor
   parallelism): every rank writes its own pieces of the full tensors with
   ``torch.distributed.checkpoint`` (``shards/``: ``.distcp`` files and a ``.metadata`` index of
-  every piece's offsets), and rank 0 the run state (``run.pt``); nothing is gathered on one rank.
-  It is written into a ``.tmp`` sibling that rank 0 renames into place at the end, after moving
-  the previous checkpoint aside (``.old``, deleted last), so a crash never leaves a half-written
-  directory under the checkpoint's name. A failed write on rank 0 raises on every rank.
+  every piece's offsets), and rank 0 the run state (``run.pt``, with the SHA-256 of every shard
+  file); nothing is gathered on one rank. It is written into a ``.tmp`` sibling, complete once
+  its ``run.pt`` is there (written last); rank 0 then moves the previous checkpoint aside
+  (``.old``), renames the new one into place and deletes the old one last. So at every instant
+  one complete checkpoint exists under ``checkpoint``, ``.tmp`` or ``.old``, and ``settle``
+  (before a save, and when a run starts) finishes an interrupted publication: the newest complete
+  one becomes ``checkpoint``, and half-written ones go. A failed write on rank 0 raises on every
+  rank.
+
+Both forms are verified on load: a file against the checksum of its content (``files``), a
+directory's ``run.pt`` likewise and each shard file against the SHA-256 that ``run.pt`` records.
+A mismatch, a missing file or a truncated one is a ``CheckpointError`` naming the file.
 
 ``load_run`` reads either form into a model at any layout. It asks torch for this rank's view of
 the state (``get_state_dict``, with TP's shards as pieces of the full tensors: ``dcp.dcp_view``)
@@ -47,7 +55,14 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from ..parallel.comm import on_rank0
 from ..parallel.mesh import ParallelDims, parallel_of
 from .dcp import SafeFileSystemReader, SafeLoadPlanner, dcp_view, fill_from_full
-from .files import load_checkpoint, load_model_state_dict, model_state_dict, save_checkpoint
+from .files import (
+    CheckpointError,
+    file_sha256,
+    load_checkpoint,
+    load_model_state_dict,
+    model_state_dict,
+    save_checkpoint,
+)
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -55,9 +70,11 @@ __all__ = [
     "keep_implementation",
     "load_run",
     "save_run",
+    "settle",
 ]
 
-CHECKPOINT_FORMAT = "tutorial_lib.checkpoint/1"  # what run_state writes and resume checks
+CHECKPOINT_FORMAT = "tutorial_lib.checkpoint/2"  # what run_state writes and resume checks
+# (2: checksums of the content, of every shard file, and of the data the run trained on)
 RUN_FILE = "run.pt"  # a DCP checkpoint's run state
 SHARDS = "shards"  # a DCP checkpoint's pieces
 
@@ -81,17 +98,11 @@ def save_run(
         state = {**run_state, "model": model_state_dict(model), "optimizer": optimizer.state_dict()}
         on_rank0(dims.job, lambda: save_checkpoint(path, state))
         return path
-    tmp = path.with_name(path.name + ".tmp")
-    old = path.with_name(path.name + ".old")
-
-    def clear_tmp() -> None:
-        if tmp.exists():
-            shutil.rmtree(tmp)  # a save that died halfway
-
-    on_rank0(dims.job, clear_tmp)
+    tmp = _sibling(path, "tmp")
+    on_rank0(dims.job, lambda: settle(path))  # a crash's half-written .tmp goes, nothing good
     with keep_lazy_state(optimizer):
         model_sd, optim_sd = get_state_dict(model, optimizer)
-    with _single_process_is_intended():
+    with _single_process_is_intended(), _dcp_errors(tmp):
         dcp.save(
             dcp_view(dims, model.config, model_sd, optim_sd),  # type: ignore[arg-type]
             checkpoint_id=tmp / SHARDS,
@@ -100,16 +111,97 @@ def save_run(
         )
 
     def publish() -> None:
-        save_checkpoint(tmp / RUN_FILE, {**run_state, "sharded": True})
-        if old.exists():  # the previous checkpoint moves aside, and goes once the new one is in
-            shutil.rmtree(old)
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+        files = {f.name: file_sha256(f) for f in sorted((tmp / SHARDS).iterdir())}
+        save_checkpoint(tmp / RUN_FILE, {**run_state, "sharded": True, "files": files})
+        _publish(path)  # tmp is complete: it takes the checkpoint's name
 
     on_rank0(dims.job, publish)
     return path
+
+
+def _sibling(path: Path, kind: str) -> Path:
+    return path.with_name(f"{path.name}.{kind}")
+
+
+def _complete(directory: Path) -> bool:
+    """A DCP checkpoint directory is complete once its ``run.pt`` (written last) is there."""
+    return (directory / RUN_FILE).is_file()
+
+
+def _publish(path: Path) -> None:
+    """Move the complete ``path.tmp`` to ``path``: the current checkpoint (if any) goes aside
+    to ``path.old`` first and is deleted last, so a crash at any point leaves a complete one."""
+    tmp, old = _sibling(path, "tmp"), _sibling(path, "old")
+    if path.exists():
+        if old.exists():
+            shutil.rmtree(old)  # older than path, which is complete
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def settle(path: str | Path) -> list[str]:
+    """Finish what a crash interrupted at the DCP checkpoint ``path`` (rank 0, while no save is
+    running): a complete ``.tmp`` is the newest checkpoint and is published, a complete ``.old``
+    takes the name if nothing else has it, half-written ones are deleted. Returns what was done,
+    in words (nothing if there was nothing to do)."""
+    path = Path(path)
+    tmp, old = _sibling(path, "tmp"), _sibling(path, "old")
+    done = []
+    if tmp.is_dir() and _complete(tmp):
+        verify_files(tmp)  # a crash's checkpoint replaces the last good one only if intact
+        _publish(path)
+        done.append(f"recovered {tmp.name}, the complete checkpoint of an interrupted save")
+    elif tmp.exists():
+        shutil.rmtree(tmp)
+        done.append(f"deleted {tmp.name}, the half-written checkpoint of an interrupted save")
+    if old.is_dir() and _complete(old) and not path.exists():
+        os.replace(old, path)
+        done.append(f"recovered {old.name}, the previous checkpoint of an interrupted save")
+    elif old.exists():
+        shutil.rmtree(old)
+    return done
+
+
+def verify_files(path: Path) -> dict[str, Any]:
+    """The run state of the DCP checkpoint ``path``, after checking every file of it against the
+    SHA-256 its ``run.pt`` records; ``CheckpointError`` on a missing, extra or changed file."""
+    run = load_checkpoint(path / RUN_FILE)
+    recorded = run.get("files")
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{path / RUN_FILE} records no checksums of its shard files.")
+    present = {f.name for f in (path / SHARDS).iterdir()} if (path / SHARDS).is_dir() else set()
+    for name in sorted(set(recorded) | present):
+        where = path / SHARDS / name
+        problem = (
+            "is missing"
+            if name not in present
+            else "is not part of the checkpoint"
+            if name not in recorded
+            else "is corrupt (its SHA-256 differs from the one recorded when it was written)"
+            if file_sha256(where) != recorded[name]
+            else None
+        )
+        if problem:
+            raise CheckpointError(
+                f"{where} {problem}. Resume from an earlier checkpoint, or start the run again "
+                "without --resume."
+            )
+    return run
+
+
+@contextlib.contextmanager
+def _dcp_errors(path: Path) -> Iterator[None]:
+    """DCP's ``CheckpointException`` (one traceback per failed rank) as one ``CheckpointError``."""
+    try:
+        yield
+    except dcp.api.CheckpointException as exc:
+        failures = list(getattr(exc, "failures", {}).values())
+        first = failures[0] if failures else exc
+        cause = first[0] if isinstance(first, tuple) else first  # (exception, traceback)
+        raise CheckpointError(
+            f"{path}: {type(cause).__name__}: {str(cause).strip().splitlines()[0]}"
+        ) from None
 
 
 def load_run(
@@ -130,10 +222,11 @@ def load_run(
             )
         run = load_checkpoint(path / RUN_FILE)
         check(run)
+        on_rank0(dims.job, lambda: verify_files(path), doing="verify the checkpoint")
         reader = SafeFileSystemReader(path / SHARDS)
         reader.read_metadata()  # a refused metadata file raises here, before DCP wraps it
         view, model_sd, optim_sd = _view(model, optimizer, dims)
-        with _single_process_is_intended():
+        with _single_process_is_intended(), _dcp_errors(path):
             dcp.load(  # into model_sd and optim_sd (through the views of TP's pieces)
                 view,
                 storage_reader=reader,

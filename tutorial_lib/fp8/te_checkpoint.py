@@ -51,7 +51,7 @@ def convert_checkpoint(state: dict[str, Any], to: str) -> dict[str, Any]:
     ``model_recipe`` and ``train_config`` changed. Raises ValueError naming what does not fit."""
     if to not in CONVERTIBLE:
         raise ValueError(f"Can convert to {CONVERTIBLE}, not {to!r}.")
-    if state.get("format") != "tutorial_lib.checkpoint/1" or "model" not in state:
+    if state.get("format") != "tutorial_lib.checkpoint/2" or "model" not in state:
         raise ValueError("Not a tutorial_lib Trainer checkpoint (missing or unknown 'format').")
     recipe = state.get("model_recipe") or {}
     source = recipe.get("precision")

@@ -277,22 +277,26 @@ def scatter_to_sp(x: torch.Tensor, group: Group, dim: int = 1) -> torch.Tensor:
     return ScatterToSequenceParallel.apply(x, group, dim)
 
 
-def on_rank0(group: Group, write: Callable[[], object]) -> None:
-    """Run ``write`` on rank 0 of ``group`` while the others wait; if it raises, every rank
-    raises (a RuntimeError naming rank 0's error) instead of the others waiting forever.
-    Without a process group (``group`` None, one process) it just writes."""
+def on_rank0(group: Group, work: Callable[[], object], doing: str = "write the checkpoint") -> None:
+    """Run ``work`` on rank 0 of ``group`` while the others wait; if it raises, rank 0 raises its
+    error and every other rank a RuntimeError naming it (``doing``: what rank 0 failed to do),
+    instead of waiting forever. Without a process group (``group`` None, one process) it just
+    runs."""
     if group is None or not dist.is_initialized():
-        write()
+        work()
         return
-    error = [None]
+    error: list[str | None] = [None]
+    failure: Exception | None = None
     if group_rank(group) == 0:
         try:
-            write()
+            work()
         except Exception as err:  # shared below, then raised on every rank
-            error[0] = f"{type(err).__name__}: {err}"  # type: ignore[call-overload]
+            failure, error[0] = err, f"{type(err).__name__}: {err}"
     dist.broadcast_object_list(error, src=dist.get_global_rank(group, 0), group=group)
+    if failure is not None:
+        raise failure
     if error[0] is not None:
-        raise RuntimeError(f"Rank 0 failed to write the checkpoint: {error[0]}")
+        raise RuntimeError(f"Rank 0 failed to {doing}: {error[0]}")
 
 
 # ---- the wiring around a column- or row-parallel layer (plain or FP8: tp_linear, tp_fp8) ------

@@ -6,20 +6,24 @@
   workers live in ``jobs.workers``. Without CUDA the ranks fork from a forkserver that has
   imported torch once; with CUDA they start as fresh interpreters (``_context``).
 - ``init_from_env()`` joins the process group that ``torchrun`` describes in RANK, WORLD_SIZE
-  and LOCAL_RANK (NCCL on GPUs, gloo on CPUs) and returns this process's device.
+  and LOCAL_RANK (NCCL on GPUs, gloo on CPUs) and returns this process's device. Its collectives
+  fail after ``DEFAULT_TIMEOUT_S`` rather than torch's 30 minutes, and ``watch_ranks`` then
+  names the rank that stopped responding.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["SpawnError", "spawn", "init_from_env"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "HungRankError",
+    "SpawnError",
+    "init_from_env",
+    "spawn",
+    "watch_ranks",
+]
 
 
 class SpawnError(RuntimeError):
@@ -227,13 +238,20 @@ def _collect(procs: list[Any], out: Path, unfinished: list[int], timeout_s: floa
 # ---- torchrun -------------------------------------------------------------------------------
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
+DEFAULT_TIMEOUT_S = 300.0
+"""Seconds a collective waits for the other ranks before it fails (``train --dist-timeout``).
+torch's own default, 30 minutes on gloo and 10 on NCCL, keeps a job that one stopped process has
+already lost waiting that long; a few minutes is still far more than a step's communication
+takes. (Each group needs it: ``dist.new_group`` takes torch's default, not the world's.)"""
 
-def init_from_env(backend: str | None = None) -> torch.device:
+
+def init_from_env(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
     """Join the process group described by torchrun's RANK, WORLD_SIZE and LOCAL_RANK; return
     this process's device.
 
     The backend defaults to NCCL when CUDA is available (and each process then uses GPU
-    LOCAL_RANK), else gloo. The group is destroyed at interpreter exit.
+    LOCAL_RANK), else gloo. Joining, and every collective of the group, fails after
+    ``timeout_s``. The group is destroyed at interpreter exit.
     """
     missing = [k for k in _TORCHRUN_VARS if k not in os.environ]
     if missing:
@@ -255,6 +273,97 @@ def init_from_env(backend: str | None = None) -> torch.device:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world)
+        timeout = timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     return device
+
+
+class HungRankError(RuntimeError):
+    """Training failed because ``ranks`` stopped responding (``watch_ranks``)."""
+
+    def __init__(self, message: str, ranks: list[int]) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
+@contextlib.contextmanager
+def watch_ranks(step: int, timeout_s: float) -> Iterator[Callable[[Any, Any], None]]:
+    """Name the rank that stalls a run, where a timed-out collective only says that it waited.
+
+    ``with watch_ranks(trainer.step, timeout_s) as on_step: trainer.train(on_step=on_step)``,
+    ``timeout_s`` being the process group's. Each rank keeps the number of steps it has finished
+    in the group's store (the key-value server every rank joined through): ``on_step`` writes it,
+    once a step (a ``set`` waits for no answer). When training raises on a rank, it marks itself
+    failed there. If it had waited ``timeout_s`` (a collective's timeout, not an error of its
+    own), it then waits up to ``min(timeout_s, 10 s)`` for the other ranks to do the same, as
+    every rank still running does when a collective times out. A rank that never does is
+    stopped (SIGSTOP, a debugger), hung, killed or overloaded: ``HungRankError`` names it, with
+    its progress. Otherwise (every rank failed, or no timeout) the error propagates unchanged."""
+    store = dist.distributed_c10d._get_default_store()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store.set(f"steps/{rank}", str(step))
+    since = time.monotonic()
+
+    def on_step(trainer: Any, row: Any) -> None:
+        nonlocal step, since
+        step, since = trainer.step, time.monotonic()
+        store.set(f"steps/{rank}", str(step))
+
+    try:
+        yield on_step
+    except Exception as exc:
+        waited = time.monotonic() - since
+        with contextlib.suppress(RuntimeError):  # (DistError: the store is gone)
+            store.set(f"failed/{rank}", "1")  # so that no other rank names this one
+        if waited < timeout_s:
+            raise  # this rank's own error, not a collective's timeout
+        silent = _silent_ranks(store, world, min(timeout_s, 10.0))
+        if silent == {}:
+            raise
+        waiting = (
+            f"rank {rank} gave up waiting in step {step + 1} after {waited:.0f} s (the "
+            f"process-group timeout, --dist-timeout {timeout_s:g})"
+        )
+        if silent is None:
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            raise HungRankError(
+                f"{waiting}, and the store at {where} did not answer either: the process "
+                "that holds it (rank 0, or torchrun's agent) is stopped, hung, killed or "
+                "overloaded.",
+                [],
+            ) from exc
+        who = ", ".join(f"rank {r} ({got})" for r, got in silent.items())
+        raise HungRankError(
+            f"{who} stopped responding: {waiting}. A stopped (SIGSTOP, a debugger), hung, killed "
+            "or overloaded process: look at it and its machine; --resume continues from the "
+            "last checkpoint.",
+            list(silent),
+        ) from exc
+
+
+def _silent_ranks(store: dist.Store, world: int, wait_s: float) -> dict[int, str] | None:
+    """The ranks that have not marked themselves failed in ``store`` within ``wait_s``, with
+    how far each got; None if the store did not answer. (A thread asks it: a store whose host
+    is stopped never answers, whatever its timeout.)"""
+    found: list[dict[int, str]] = []
+
+    def ask() -> None:
+        deadline = time.monotonic() + wait_s
+        with contextlib.suppress(RuntimeError):  # (DistError: the store is gone)
+            while silent := [r for r in range(world) if not store.check([f"failed/{r}"])]:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            steps = {
+                r: int(store.get(f"steps/{r}")) if store.check([f"steps/{r}"]) else 0
+                for r in silent
+            }
+            found.append(
+                {r: f"after step {n}" if n else "in its first step" for r, n in steps.items()}
+            )
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(wait_s + 5.0)
+    return found[0] if found else None

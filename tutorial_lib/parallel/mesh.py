@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -198,15 +199,18 @@ def check_layout(dp: int, tp: int, world: int, cfg: GPTConfig | None = None) -> 
         )
 
 
-def groups_2d(dp: int, tp: int, ranks: Sequence[int]) -> tuple[Group, Group, Group] | None:
+def groups_2d(
+    dp: int, tp: int, ranks: Sequence[int], timeout: timedelta | None = None
+) -> tuple[Group, Group, Group] | None:
     """This rank's (data-parallel, tensor-parallel, whole-job) groups of a dp x tp job on
     ``ranks`` (None when this rank is not in it). Every process must call it, with the same
-    arguments, in the same order (``dist.new_group``'s rule)."""
+    arguments, in the same order (``dist.new_group``'s rule). Their collectives fail after
+    ``timeout``; None is torch's default (30 minutes on gloo), not the default group's."""
     check_layout(dp, tp, len(ranks))
     ranks = list(ranks)
-    tp_groups = [dist.new_group(ranks[d * tp : (d + 1) * tp]) for d in range(dp)]
-    dp_groups = [dist.new_group(ranks[t::tp]) for t in range(tp)]
-    job = dist.new_group(ranks)
+    tp_groups = [dist.new_group(ranks[d * tp : (d + 1) * tp], timeout=timeout) for d in range(dp)]
+    dp_groups = [dist.new_group(ranks[t::tp], timeout=timeout) for t in range(tp)]
+    job = dist.new_group(ranks, timeout=timeout)
     me = dist.get_rank()
     if me not in ranks:
         return None
