@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 from tutorial_lib.__main__ import main
+from tutorial_lib.build import build_model
 from tutorial_lib.checkpoint.files import (
     CheckpointError,
     load_checkpoint,
@@ -28,7 +30,10 @@ from tutorial_lib.checkpoint.files import (
     state_digest,
 )
 from tutorial_lib.checkpoint.folder import LOCK_FILE, RunFolder
+from tutorial_lib.config import GPTConfig
+from tutorial_lib.data import TokenData
 from tutorial_lib.parallel.mesh import ParallelDims
+from tutorial_lib.train import TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, EVERY = 6, 2  # saves at steps 2, 4 and 6; the faults hit the second
@@ -57,14 +62,18 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str], form: str = "file"
 
 
 def _final(out: Path, form: str) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The run's losses (metrics.json) and its last checkpoint's model weights."""
+    """The run's losses (metrics.json) and its last checkpoint's model weights (a sharded one
+    loaded into a model of the run's shape)."""
     losses = [row["loss"] for row in json.loads((out / "metrics.json").read_text())]
     if form == "file":
         return losses, load_checkpoint(out / "checkpoint.pt")["model"]
-    from tutorial_lib.checkpoint.run import verify_files
-
-    verify_files(out / "checkpoint")  # (the weights are compared through the losses here)
-    return losses, {}
+    run = load_checkpoint(out / "checkpoint" / "run.pt")
+    cfg = GPTConfig(**run["model_config"])
+    data = TokenData(torch.zeros(4 * cfg.block_size, dtype=torch.uint8), torch.zeros(
+        4 * cfg.block_size, dtype=torch.uint8), cfg.block_size)  # fmt: skip
+    trainer = Trainer(build_model(cfg), data, TrainConfig(**run["train_config"]), device="cpu")
+    trainer.resume(out / "checkpoint", new_data=True)  # only the weights are wanted here
+    return losses, trainer.model.state_dict()
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +98,7 @@ def corpus_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # (form, fault, the step --resume continues from, what the start tidies)
 FAULTS = [
     ("file", "mid-file", 2, "deleted"),
-    ("file", "after-temp-write", 2, "deleted"),
+    ("file", "after-temp-write", 4, "recovered"),
     ("file", "after-rename-1", 4, None),
     ("sharded", "mid-file", 2, "deleted checkpoint.tmp"),
     ("sharded", "after-temp-write", 4, "recovered checkpoint.tmp"),
@@ -249,11 +258,23 @@ def test_resuming_on_another_tokenizer_or_corpus_is_refused_unless_asked(
     other.write_text("".join(f"{i} jumps over the lazy dog\n" for i in range(1500)))
     code, _, err = _run(_args(out, other, "--resume", *bpe, steps=3), capsys)
     assert code == 1 and "trained with another tokenizer" in err, err
-    tok.write_text(original)  # the run's own tokenizer, on another corpus
+    assert not tok.exists()  # the refused run saved nothing in the run's place
+    tok.write_text(original)  # the run's own tokenizer restored, on another corpus
     code, _, err = _run(_args(out, other, "--resume", *bpe, steps=3), capsys)
     assert code == 1 and "trained with another corpus than this run's" in err, err
     code, stdout, err = _run(_args(out, other, "--resume", "--new-data", *bpe, steps=3), capsys)
     assert code == 0 and "at step 2" in stdout, err  # asked for explicitly
+    assert tok.read_text() == original
+
+
+def test_out_inside_the_data_folder_is_refused(
+    tmp_path: Path, corpus_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "corpus.txt").write_text(corpus_file.read_text())
+    code, _, err = _run(_args(tmp_path / "run", tmp_path), capsys)
+    assert code == 1
+    assert f"error: --out {tmp_path / 'run'} is inside --data {tmp_path}" in err
+    assert not (tmp_path / "run").exists()
 
 
 # ---- run folders ---------------------------------------------------------------------------
@@ -269,9 +290,12 @@ def test_a_new_run_over_a_checkpoint_is_refused_and_force_starts_again(
     assert "--force" in err
     assert (out / "checkpoint.pt").read_bytes() == before  # untouched
     assert not (out / LOCK_FILE).exists()
-    code, _, err = _run(_args(out, corpus_file, "--force", steps=2), capsys)
+    code, stdout, err = _run(_args(out, corpus_file, "--force", steps=2), capsys, "sharded")
     assert code == 0, err
-    assert load_checkpoint(out / "checkpoint.pt")["step"] == 2
+    assert f"moved the earlier run's files to {out / 'previous'}" in stdout
+    assert (out / "previous" / "checkpoint.pt").read_bytes() == before  # kept, aside
+    code, stdout, err = _run(_args(out, corpus_file, "--resume", steps=3), capsys, "sharded")
+    assert code == 0 and f"resumed from {out / 'checkpoint'} at step 2" in stdout, err
 
 
 def test_one_run_per_folder_and_a_stale_lock_is_replaced(
@@ -279,32 +303,45 @@ def test_one_run_per_folder_and_a_stale_lock_is_replaced(
 ) -> None:
     out = tmp_path / "run"
     out.mkdir()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = subprocess.Popen(  # another run: it holds the lock
+        [sys.executable, "-c", HOLD_LOCK, str(out / LOCK_FILE)], stdout=subprocess.PIPE, text=True
+    )
     try:
-        lock = {"pid": sleeper.pid, "host": os.uname().nodename, "since": 0}
-        (out / LOCK_FILE).write_text(json.dumps(lock))
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         code, _, err = _run(_args(out, corpus_file, steps=2), capsys)
         assert code == 1
-        assert f"error: Another run (process {sleeper.pid}) is using --out {out}" in err
+        assert f"error: Another run (process {holder.pid} on " in err
+        assert f"is using --out {out}" in err
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        holder.kill()
+        holder.wait()
     code, stdout, err = _run(_args(out, corpus_file, steps=2), capsys)  # its process is gone
     assert code == 0, err
-    assert f"replaced {out / LOCK_FILE}, left by a run that no longer runs" in stdout
+    assert f"replaced {out / LOCK_FILE}, left by a run that no longer runs (process " in stdout
     folder = RunFolder(out)
     folder.open(resume=True)
-    with pytest.raises(ValueError, match=f"Another run \\(process {os.getpid()}\\)"):
+    with pytest.raises(ValueError, match=f"Another run \\(process {os.getpid()} on "):
         RunFolder(out).open(resume=True)  # two runs at once: the second is refused
     folder.close()
+    assert not (out / LOCK_FILE).exists()
+
+
+HOLD_LOCK = """
+import fcntl, json, os, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, json.dumps({"pid": os.getpid(), "host": os.uname().nodename}).encode())
+print("held", flush=True)
+time.sleep(120)
+"""
 
 
 @pytest.mark.parametrize(
     ("where", "message"),
     [
         ("a-file", "is a file (or under one): pass a folder."),
-        ("/sys/tutorial_lib_run", "cannot be created (Operation not permitted)"),
-        ("/sys", "is not writable (Permission denied)"),
+        ("/sys/tutorial_lib_run", "cannot be created ("),  # not permitted, denied, read-only
+        ("/sys", "is not writable ("),
     ],
 )
 def test_a_bad_out_fails_before_the_first_step(
@@ -332,6 +369,21 @@ def test_stale_temporary_files_are_cleaned_on_start(
     assert "deleted checkpoint.tmp, the half-written checkpoint" in stdout
     assert f"deleted {out / '.checkpoint.pt.x1y2.tmp'}" in stdout
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "metrics.json"]
+    assert (out / "checkpoint.pt").stat().st_mode & 0o044  # as open() makes files, not private
+
+
+def test_a_damaged_checkpoint_left_by_a_crash_is_set_aside_not_published(
+    tmp_path: Path, corpus_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    assert _run(_args(out, corpus_file, steps=2), capsys, "sharded")[0] == 0
+    shutil.copytree(out / "checkpoint", out / "checkpoint.tmp")  # complete, then damaged
+    shard = sorted((out / "checkpoint.tmp" / "shards").glob("*.distcp"))[0]
+    shard.write_bytes(_flip(shard.read_bytes(), random.Random(1)))
+    code, stdout, err = _run(_args(out, corpus_file, "--resume", steps=3), capsys, "sharded")
+    assert code == 0, err
+    assert "set checkpoint.tmp aside as checkpoint.damaged, kept for inspection" in stdout
+    assert f"resumed from {out / 'checkpoint'} at step 2" in stdout  # the last good one
 
 
 def test_a_checkpoint_that_is_not_a_dict_is_refused(

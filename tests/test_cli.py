@@ -157,7 +157,7 @@ def test_resume_from_a_corrupt_checkpoint_says_which_file_and_what_to_do(
     code, _, err = _run(_train_args(out, text_file, 2, "--resume"), capsys)
     assert code == 1
     assert f"error: {out / 'checkpoint.pt'} is not a readable checkpoint" in err
-    assert "without --resume" in err and "invalid literal" not in err
+    assert "--force" in err and "invalid literal" not in err
     assert (out / "checkpoint.pt").read_bytes() == b"garbage\n"  # left for the user to inspect
 
 

@@ -248,8 +248,7 @@ def _dcp_failure(cause: BaseException) -> BaseException:
         ),
         (
             PermissionError(errno.EACCES, "Permission denied", "/data/corpus.txt"),
-            "permission denied: /data/corpus.txt: choose a path you may write to, or change its "
-            "mode.",
+            "permission denied: /data/corpus.txt: check who may read or write it, or use another.",
         ),
         (
             NotADirectoryError(errno.ENOTDIR, "Not a directory", "/runs/file/checkpoint.pt"),
@@ -263,7 +262,7 @@ def _dcp_failure(cause: BaseException) -> BaseException:
         (
             EOFError("Ran out of input"),
             "a file ended early or is corrupt (EOFError: Ran out of input): if it is a "
-            "checkpoint, resume from an earlier one or start again without --resume.",
+            "checkpoint, restore it from a copy or start the run again with --force.",
         ),
         (
             pickle.UnpicklingError("invalid load key, 'x'."),

@@ -449,7 +449,7 @@ def test_corrupt_checkpoint_names_the_file_and_the_fix(
     with pytest.raises(
         CheckpointError,
         match=rf"{damage}\.pt is not a readable checkpoint.*"
-        r"truncated or corrupt.*earlier checkpoint",
+        r"truncated or corrupt.*from a copy.*--force",
     ):
         load_checkpoint(bad)
 

@@ -225,8 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
-        help="under torchrun: a collective that waits this long fails, naming the rank that "
-        f"stopped responding (default: {DEFAULT_TIMEOUT_S:g})",
+        help="under torchrun: a collective that waits this long fails (on gloo the error names "
+        "the rank that stopped responding; on NCCL torch's watchdog ends the job) "
+        f"(default: {DEFAULT_TIMEOUT_S:g})",
     )
 
     bench = sub.add_parser("bench", help="run a benchmark and record it (JSON + Markdown)")
@@ -304,8 +305,8 @@ _OS_ERRORS = {  # errno: (what happened to the path, what to do)
     errno.ENOSPC: ("could not write {}: no space left (or file too large)", _WRITE_FIX),
     errno.EFBIG: ("could not write {}: no space left (or file too large)", _WRITE_FIX),
     errno.EDQUOT: ("could not write {}: disk quota exceeded", _WRITE_FIX),
-    errno.EACCES: ("permission denied: {}", "choose a path you may write to, or change its mode"),
-    errno.EPERM: ("operation not permitted: {}", "choose a path you may write to"),
+    errno.EACCES: ("permission denied: {}", "check who may read or write it, or use another"),
+    errno.EPERM: ("operation not permitted: {}", "check who may read or write it, or use another"),
     errno.EROFS: ("{} is on a read-only file system", "choose a path on a writable disk"),
     errno.ENOTDIR: ("{}: part of this path is a file where a folder is expected", "fix the path"),
     errno.EEXIST: ("{} is in the way: a file where a folder is expected", "use another path"),
@@ -338,7 +339,7 @@ def _explain(exc: BaseException) -> str:
     if isinstance(exc, EOFError | pickle.UnpicklingError):
         return (
             f"a file ended early or is corrupt ({type(exc).__name__}: {first}): if it is a "
-            "checkpoint, resume from an earlier one or start again without --resume."
+            "checkpoint, restore it from a copy or start the run again with --force."
         )
     if type(exc).__name__ == "CheckpointException":  # torch.distributed.checkpoint's
         failures = list(getattr(exc, "failures", {}).items())

@@ -172,6 +172,15 @@ def train(args: argparse.Namespace) -> int:
     ``--dp`` x ``--tp`` under torchrun), resume with ``--resume``, train, and on rank 0 write
     ``metrics.json`` and report."""
 
+    if (
+        args.data is not None
+        and args.data.is_dir()
+        and args.out.resolve().is_relative_to(args.data.resolve())
+    ):
+        raise ValueError(
+            f"--out {args.out} is inside --data {args.data}: the run's own files would become "
+            "training data. Put --out outside the corpus folder."
+        )
     folder = RunFolder(args.out)
     if int(os.environ.get("RANK", "0")) == 0:  # before anything is written or trained
         for note in folder.open(resume=args.resume, force=args.force):
@@ -201,7 +210,7 @@ def _train(args: argparse.Namespace, folder: RunFolder) -> int:
         seed=args.seed,
         progress=not args.no_progress,
     )
-    tokenizer = _tokenizer(args, preset)
+    tokenizer, trained = _tokenizer(args, preset)
     if tokenizer is not None:  # the rows of the tokens it learned, padded
         model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.padded_vocab_size)
     elif model_cfg.vocab_size != 256:  # a BPE preset trained --tokenizer bytes
@@ -250,6 +259,10 @@ def _train(args: argparse.Namespace, folder: RunFolder) -> int:
     if latest is not None:
         trainer.resume(latest, new_data=args.new_data)
         print(f"resumed from {latest} at step {trainer.step}")
+    elif args.resume and trainer.parallel.is_rank0:
+        print(f"--resume: no checkpoint in {args.out}; starting at step 0")
+    if trained is not None and trainer.parallel.is_rank0:  # only now: a refused resume keeps
+        trained.save(args.out / TOKENIZER_FILE)  # the run's own tokenizer.json
     if args.dp * args.tp > 1:  # a rank that stops responding ends the run, named
         with watch_ranks(trainer.step, args.dist_timeout) as on_step:
             history = trainer.train(on_step=on_step)
@@ -270,15 +283,18 @@ def _train(args: argparse.Namespace, folder: RunFolder) -> int:
     return 0
 
 
-def _tokenizer(args: argparse.Namespace, preset: RunPreset) -> BPETokenizer | None:
-    """None for bytes; for BPE, OUT/tokenizer.json when resuming a run that saved one, else one
-    trained on the corpus's training split (the same on every rank: training is deterministic)
-    and saved there."""
+def _tokenizer(
+    args: argparse.Namespace, preset: RunPreset
+) -> tuple[BPETokenizer | None, BPETokenizer | None]:
+    """(the tokenizer, the same if it was trained now and is to be saved once the run has
+    started). None for bytes; for BPE, OUT/tokenizer.json when resuming a run that saved one,
+    else one trained on the corpus's training split (the same on every rank: training is
+    deterministic)."""
     name = args.tokenizer or preset.tokenizer
     if name == "bytes":
         if args.vocab_size is not None:
             raise ValueError("--vocab-size sets the BPE vocabulary: use it with --tokenizer bpe.")
-        return None
+        return None, None
     saved = args.out / TOKENIZER_FILE
     if args.resume and saved.exists():
         tokenizer = BPETokenizer.load(saved)
@@ -288,12 +304,11 @@ def _tokenizer(args: argparse.Namespace, preset: RunPreset) -> BPETokenizer | No
                 f"{tokenizer.vocab_size} tokens ({saved}; a corpus can yield fewer than asked): "
                 "drop --vocab-size to resume with it, or start a new run in another --out."
             )
-        return tokenizer
+        return tokenizer, None
     vocab = args.vocab_size or preset.bpe_vocab
     corpus = load_corpus(args.data, suffix=args.data_suffix)
     tokenizer = train_bpe(train_split_bytes(corpus), vocab)
     if int(os.environ.get("RANK", "0")) == 0:
-        tokenizer.save(saved)
         learned = f"{tokenizer.vocab_size} tokens"
         if tokenizer.vocab_size < vocab:  # too few pairs seen twice for the merges asked for
             learned += f" of the {vocab} asked (the corpus has no more pairs seen twice)"
@@ -301,4 +316,4 @@ def _tokenizer(args: argparse.Namespace, preset: RunPreset) -> BPETokenizer | No
             f"tokenizer: byte-level BPE, {learned}; the model gets "
             f"{tokenizer.padded_vocab_size} rows; saved as {saved}"
         )
-    return tokenizer
+    return tokenizer, tokenizer

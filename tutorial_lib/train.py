@@ -325,7 +325,7 @@ class Trainer:
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(
                 f"Not a checkpoint of this tutorial_lib (format {state.get('format')!r}, expected "
-                f"{CHECKPOINT_FORMAT!r}): start the run again without --resume."
+                f"{CHECKPOINT_FORMAT!r}): start the run again (--force)."
             )
         if state["model_config"] != dataclasses.asdict(self.model.config):
             raise ValueError(

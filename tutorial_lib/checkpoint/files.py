@@ -104,6 +104,9 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {**state, CHECKSUM: state_digest(state)}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # as open() would create it (mkstemp makes it private)
     try:
         with os.fdopen(fd, "wb") as f:
             writer = _HashingWriter(f)
@@ -126,6 +129,13 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
+# What to do about a checkpoint that cannot be used (the command line's options)
+REMEDY = (
+    "Restore it from a copy if you have one, or start the run again with --force (the earlier "
+    "run's files move to previous/)."
+)
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be opened safely: corrupt, truncated, not a ``torch.save`` file,
     or holding Python objects beyond tensors and plain data (which could run code on load)."""
@@ -145,8 +155,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not _is_zipfile(path):  # torch.save writes a zip archive; its directory is last
         raise CheckpointError(
             f"{path} is not a readable checkpoint: it is empty, truncated or corrupt, or not a "
-            f"torch.save file ({path.stat().st_size} bytes). Resume from an earlier checkpoint, "
-            "or start the run again without --resume."
+            f"torch.save file ({path.stat().st_size} bytes). {REMEDY}"
         )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -165,20 +174,18 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise CheckpointError(
             f"{path} holds a {type(state).__name__}, not a checkpoint (a dict of the run's "
-            "state). Resume from a checkpoint a run wrote, or start again without --resume."
+            f"state). {REMEDY}"
         )
     recorded = state.pop(CHECKSUM, None)
     if recorded is None:
         raise CheckpointError(
             f"{path} records no checksum, so its content cannot be verified: it was not written "
-            "by save_checkpoint (or by a tutorial_lib older than checkpoint format 2). Start the "
-            "run again without --resume."
+            "by save_checkpoint (or by a tutorial_lib older than checkpoint format 2). {REMEDY}"
         )
     if recorded != state_digest(state):
         raise CheckpointError(
             f"{path} is corrupt: its content does not match the checksum recorded when it was "
-            "written (a changed bit on the disk or in a copy). Resume from an earlier "
-            "checkpoint, or start the run again without --resume."
+            f"written (a changed bit on the disk or in a copy). {REMEDY}"
         )
     return state
 
@@ -194,8 +201,7 @@ def _corrupt(path: Path, exc: BaseException) -> CheckpointError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
     return CheckpointError(
         f"{path} is not a readable checkpoint: it is truncated or corrupt "
-        f"({type(exc).__name__}: {first}). Resume from an earlier checkpoint, or start the run "
-        "again without --resume."
+        f"({type(exc).__name__}: {first}). {REMEDY}"
     )
 
 

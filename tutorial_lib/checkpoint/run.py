@@ -56,6 +56,7 @@ from ..parallel.comm import on_rank0
 from ..parallel.mesh import ParallelDims, parallel_of
 from .dcp import SafeFileSystemReader, SafeLoadPlanner, dcp_view, fill_from_full
 from .files import (
+    REMEDY,
     CheckpointError,
     file_sha256,
     load_checkpoint,
@@ -142,16 +143,23 @@ def _publish(path: Path) -> None:
 
 def settle(path: str | Path) -> list[str]:
     """Finish what a crash interrupted at the DCP checkpoint ``path`` (rank 0, while no save is
-    running): a complete ``.tmp`` is the newest checkpoint and is published, a complete ``.old``
-    takes the name if nothing else has it, half-written ones are deleted. Returns what was done,
-    in words (nothing if there was nothing to do)."""
+    running): a complete ``.tmp`` is the newest checkpoint and is published if its files verify
+    (else it is set aside as ``.damaged``), a complete ``.old`` takes the name if nothing else has
+    it, half-written ones are deleted. Returns what was done, in words (nothing if nothing)."""
     path = Path(path)
     tmp, old = _sibling(path, "tmp"), _sibling(path, "old")
     done = []
     if tmp.is_dir() and _complete(tmp):
-        verify_files(tmp)  # a crash's checkpoint replaces the last good one only if intact
-        _publish(path)
-        done.append(f"recovered {tmp.name}, the complete checkpoint of an interrupted save")
+        try:
+            verify_files(tmp)  # a crash's checkpoint replaces the last good one only if intact
+        except CheckpointError as err:
+            damaged = _sibling(path, "damaged")
+            shutil.rmtree(damaged, ignore_errors=True)
+            os.replace(tmp, damaged)
+            done.append(f"set {tmp.name} aside as {damaged.name}, kept for inspection: {err}")
+        else:
+            _publish(path)
+            done.append(f"recovered {tmp.name}, the complete checkpoint of an interrupted save")
     elif tmp.exists():
         shutil.rmtree(tmp)
         done.append(f"deleted {tmp.name}, the half-written checkpoint of an interrupted save")
@@ -183,10 +191,7 @@ def verify_files(path: Path) -> dict[str, Any]:
             else None
         )
         if problem:
-            raise CheckpointError(
-                f"{where} {problem}. Resume from an earlier checkpoint, or start the run again "
-                "without --resume."
-            )
+            raise CheckpointError(f"{where} {problem}. {REMEDY}")
     return run
 
 
@@ -199,6 +204,8 @@ def _dcp_errors(path: Path) -> Iterator[None]:
         failures = list(getattr(exc, "failures", {}).values())
         first = failures[0] if failures else exc
         cause = first[0] if isinstance(first, tuple) else first  # (exception, traceback)
+        if isinstance(cause, OSError):  # a full disk, a permission: its errno names the fix
+            raise cause from None
         raise CheckpointError(
             f"{path}: {type(cause).__name__}: {str(cause).strip().splitlines()[0]}"
         ) from None
