@@ -31,8 +31,8 @@ def recipe_runs(
     same initial weights (seed 0) on the same batches (``runs.run_training``); the
     ``Trainer`` of each, by precision name. ``train_options`` go to ``TrainConfig``;
     ``progress`` is called with each run's name before it starts. On a GPU, a recipe it cannot
-    run natively runs emulated (``policy.runnable_fp8_precision``): same numerics, not the
-    recipe's speed."""
+    run natively runs emulated (``policy.runnable_fp8_precision``): the same quantization, sums
+    in FP32 rather than the tensor cores' accumulation, and not the recipe's speed."""
     runs: dict[str, Any] = {}
     for name in ("bf16", *(RECIPE_PRECISIONS[r] for r in recipes)):
         if progress is not None:
