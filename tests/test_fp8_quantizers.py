@@ -3,7 +3,8 @@
 Element values and rounding are checked with ``ml_dtypes`` (numpy's float8_e4m3fn, float8_e5m2,
 float8_e8m0fnu and float4_e2m1fn), never with the package's own decoders; scale rules are
 recomputed here in numpy float32 from TE's rules (``recipe_common.cuh``, ``ptx.cuh``,
-``core_nvfp4.cuh``) and torchao's (``float8_utils.amax_to_scale``).
+``core_nvfp4.cuh``, ``dequantize_nvfp4.cuh``, ``hadamard_transform.cu``; TE 2.20 where versions
+differ) and torchao's (``float8_utils.amax_to_scale``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from tutorial_lib.fp8.quantizers import (
     RowwiseQuantizer,
     get_quantizer,
 )
-from tutorial_lib.fp8.quantizers.block import float_to_e8m0
-from tutorial_lib.fp8.quantizers.fp4 import e2m1_codes, rht_matrix
+from tutorial_lib.fp8.quantizers.block import e8m0_quantize_multiplier, float_to_e8m0
+from tutorial_lib.fp8.quantizers.fp4 import TE_RHT_SIGNS, e2m1_codes, rht_matrix
 
 RECIPES = ("delayed", "current", "block", "mxfp8", "nvfp4", "rowwise")
 ROLES = ("input", "weight", "grad_output")
@@ -82,9 +83,9 @@ def read_multiplier(q: QuantizedTensor) -> np.ndarray:
 def quant_multiplier(q: QuantizedTensor, x: np.ndarray) -> np.ndarray:
     """Per element, the factor TE's rules multiply ``x`` by before rounding, rebuilt here."""
     rows, cols = x.shape
-    if q.recipe == "mxfp8":  # 2^(127 - code), code 0 -> 1 (TE's exp2f_rcp)
+    if q.recipe == "mxfp8":  # 2^(127 - code), NaN for 255 (TE >= 2.13's exp2f_rcp)
         code = q.scale_inv.view(torch.uint8).numpy().astype(np.int32)
-        mult = np.where(code == 0, F32(1), np.ldexp(F32(1), 127 - code).astype(np.float32))
+        mult = np.where(code == 255, np.nan, np.ldexp(F32(1), 127 - code)).astype(np.float32)
         return per_element(mult, q.tile, rows, cols)
     if q.recipe == "nvfp4":  # enc_b = min(1 / (s_b * (1 / S_enc)), FLT_MAX)
         amax = F32(np.nanmax(np.abs(x))) if x.size else F32(0)
@@ -427,6 +428,83 @@ def test_mxfp8_inf_block() -> None:
     assert torch.equal(q.data.view(torch.uint8)[other], clean.data.view(torch.uint8)[other])
 
 
+def mxfp8_reference(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TE 2.20's MXFP8 E4M3 cast of a float32 ``(rows, 32 k)`` matrix, rebuilt in float64 and
+    ml_dtypes: (codes, payload, dequantized). Per 1x32 block: amax with NaN skipped (``fmaxf``),
+    ``code`` = the exponent of ``amax * float32(1/448)`` rounded up, at least 0, inf giving 254
+    (``float_to_e8m0``); payload = E4M3(x * 2^(127 - code)) satfinite (``exp2f_rcp``, TE >=
+    2.13); dequantized = payload * 2^(code - 127) in float32 (``exp2f``, TE >= 2.19)."""
+    xm = x.numpy().astype(np.float64)
+    rows, cols = xm.shape
+    blocks = np.abs(xm).reshape(rows, cols // 32, 32)
+    amax = np.where(np.isnan(blocks), 0.0, blocks).max(axis=2).astype(np.float32)
+    v = (amax * (F32(1) / F32(448))).astype(np.float64)
+    mantissa, exponent = np.frexp(np.where(np.isinf(v), 0.0, v))
+    code = np.where(mantissa == 0.5, exponent - 1, exponent) + 127  # smallest 2^e >= v
+    code = np.where(np.isinf(v), 254, np.where(v == 0, 0, np.clip(code, 0, 254)))
+    mult = np.repeat(np.ldexp(1.0, 127 - code), 32, axis=1)
+    with np.errstate(invalid="ignore"):
+        scaled = np.clip((xm * mult).astype(np.float32), -448, 448)
+    payload = scaled.astype(ML["E4M3"]).astype(np.float64)
+    with np.errstate(over="ignore"):
+        dequantized = (payload / mult).astype(np.float32)  # 448 * 2^127 overflows to inf
+    return code, payload, dequantized
+
+
+def test_e8m0_quantize_multiplier_is_tes_exp2f_rcp() -> None:
+    """TE >= 2.13 (PR #2647; ``exp2f_rcp``, ``common/util/ptx.cuh``; TE 2.20 unchanged): code c
+    multiplies by 2^(127 - c) for every c up to 254, so code 0 by 2^127 (TE <= 2.12: by 1) and
+    254 by the subnormal 2^-127; code 255, E8M0's NaN, gives NaN."""
+    got = e8m0_quantize_multiplier(torch.arange(256, dtype=torch.int32).to(torch.uint8))
+    assert got.dtype == torch.float32
+    want = np.ldexp(1.0, 127 - np.arange(255))
+    np.testing.assert_array_equal(got[:255].numpy().astype(np.float64), want)
+    assert torch.isnan(got[255])
+
+
+def test_mxfp8_tiny_blocks_keep_their_values() -> None:
+    """A block with ``amax * (1/448) <= 2^-127`` (amax up to about 2.6e-36) gets code 0, and
+    since TE 2.13 its elements are scaled by 2^127 rather than flushed to zero; TE 2.20 reads
+    code 0 back as 2^-127, so the block round-trips with E4M3's precision."""
+    g = torch.Generator().manual_seed(17)
+    x = torch.randn(4, 64, generator=g)
+    for r, amax in ((0, 2e-36), (1, 1e-39), (2, 2e-36)):  # normal, subnormal, normal + NaN
+        x[r, :32] *= amax / x[r, :32].abs().max()
+    x[2, 7] = float("nan")  # skipped by the amax: the block is scaled as without it
+    x[3, :32] = 0.0
+    code, payload, dequantized = mxfp8_reference(x)
+    assert (code[:, 0] == 0).all() and (code[:, 1] > 0).all()
+    q = make("mxfp8", "input").quantize(x)
+    np.testing.assert_array_equal(q.scale_inv.view(torch.uint8).numpy(), code)
+    np.testing.assert_array_equal(ml_values(q), payload)
+    np.testing.assert_array_equal(q.dequantize().numpy(), dequantized)
+    xt, dq = x[:3, :32].numpy().astype(np.float64), dequantized[:3, :32].astype(np.float64)
+    normal = np.abs(xt) >= 2.0**-133  # E4M3's normal range (2^-6) once scaled by 2^127
+    assert normal.sum() > 80
+    assert (np.abs(dq - xt)[normal] <= HALF_ULP["E4M3"] * np.abs(xt[normal])).all()
+
+
+def test_mxfp8_non_finite_blocks() -> None:
+    """Blocks with inf or NaN, by TE 2.20's rules (``mxfp8_reference``): NaN stays NaN and never
+    enters the amax, so a tiny block holding one is still scaled by 2^127 and an all-NaN block
+    gets code 0; an inf gives code 254 and multiplier 2^-127 (TE >= 2.13; before, 0 turned
+    inf into NaN), so it saturates to 448, reads back as inf, and its finite neighbours go
+    to zero."""
+    x = wide(2, 128, seed=18)
+    x[0, 3], x[0, 4], x[0, 40] = float("inf"), float("nan"), float("-inf")
+    x[0, 64:96] = float("nan")
+    x[1, :32] *= 1e-37 / x[1, :32].abs().max()
+    x[1, 9] = float("nan")
+    code, payload, dequantized = mxfp8_reference(x)
+    assert code[0, :3].tolist() == [254, 254, 0] and code[1, 0] == 0
+    q = make("mxfp8", "input").quantize(x)
+    np.testing.assert_array_equal(q.scale_inv.view(torch.uint8).numpy(), code)
+    np.testing.assert_array_equal(ml_values(q), payload)
+    np.testing.assert_array_equal(q.dequantize().numpy(), dequantized)
+    assert payload[0, 3] == 448 and payload[0, 40] == -448 and np.isnan(payload[0, 4])
+    assert dequantized[0, 3] == np.inf and np.count_nonzero(payload[1, :32]) > 20
+
+
 # ---- NVFP4 -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("role", ROLES)
 def test_nvfp4_two_level_scale_rules(role: str) -> None:
@@ -509,3 +587,80 @@ def test_nvfp4_stochastic_rounding_is_seeded_and_unbiased() -> None:
     assert ((dq - x).abs() <= 2 * (nearest - x).abs().max() + 1e-6).all()  # a neighbour only
     assert (dq.mean(dim=0) - row).abs().max() < 0.06  # unbiased; nearest rounding is not
     assert (nearest.mean(dim=0) - row).abs().max() > 0.1
+
+
+def hadamard16() -> np.ndarray:
+    """TE's 16x16 transform, built here in float64: ``diag(signs) @ H / 4``, ``H`` Sylvester's."""
+    h = np.ones((1, 1))
+    while h.shape[0] < 16:
+        h = np.block([[h, h], [h, -h]])
+    return np.diag(np.array(TE_RHT_SIGNS, dtype=np.float64)) @ h / 4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_nvfp4_rht_output_is_rounded_to_the_input_dtype(dtype: torch.dtype) -> None:
+    """TE rounds the transform of a BF16 input to BF16 before the amax and the casts (TE 2.9 to
+    2.20: ``hadamard_transform.cu`` writes BF16, the fused kernel rounds its FP32 sums "for
+    bit-wise compatibility", ``reference_nvfp4.py`` multiplies in ``x.dtype``). TE's kernels
+    take BF16 only; its reference rounds an FP16 input's transform to FP16, and so do we."""
+    g = torch.Generator().manual_seed(19)
+    x = (torch.randint(-1024, 1025, (32, 64), generator=g) / 64).to(dtype)
+    exact = (x.float().numpy().astype(np.float64).reshape(32, 4, 16) @ hadamard16()).reshape(32, 64)
+    assert (exact.astype(np.float32) == exact).all()  # one rounding: FP32 holds these sums
+    narrow = ml_dtypes.bfloat16 if dtype == torch.bfloat16 else np.float16
+    y = exact.astype(np.float32).astype(narrow).astype(np.float32)
+    assert (y != exact).mean() > 0.1  # the rounding matters for these values
+    q = make("nvfp4", "grad_output", rht=True).quantize(x)
+    assert q.amax.item() == np.abs(y).max()
+    check_payload(q, torch.from_numpy(y))
+    plain = make("nvfp4", "grad_output").quantize(torch.from_numpy(y))
+    assert torch.equal(q.scale_inv.view(torch.uint8), plain.scale_inv.view(torch.uint8))
+    assert torch.equal(q.data, plain.data)
+
+
+def nvfp4_dequantized(q: QuantizedTensor) -> np.ndarray:
+    """TE's NVFP4 dequantize (``dequantize_nvfp4.cuh``, TE 2.9 to 2.20), in numpy float32:
+    ``value * ((s_b * amax) * float32(1/2688))``, left to right; ``(s_b * amax)`` may overflow."""
+    rows, cols = matrix_shape(tuple(q.shape))
+    s_b = q.scale_inv.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        final = (s_b * F32(q.amax.item())) * (F32(1) / F32(2688))
+        return ml_values(q).reshape(rows, cols) * per_element(final, q.tile, rows, cols)
+
+
+@pytest.mark.parametrize("role", ["input", "weight"])
+def test_nvfp4_dequantize_associates_as_tes_kernel(role: str) -> None:
+    x = wide(64, 128, seed=20)
+    q = make("nvfp4", role).quantize(x)
+    want = nvfp4_dequantized(q)
+    np.testing.assert_array_equal(q.dequantize().numpy(), want)
+    np.testing.assert_array_equal(
+        q.dequantize(torch.bfloat16).float().numpy(),
+        want.astype(ml_dtypes.bfloat16).astype(np.float32),
+    )
+    rows, cols = 64, 128
+    s_b = q.scale_inv.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    other = s_b * (F32(q.amax.item()) * (F32(1) / F32(2688)))  # the other association
+    nonzero = ml_values(q) != 0
+    differs = ml_values(q) * per_element(other, q.tile, rows, cols) != want
+    assert differs[nonzero].mean() > 0.05  # one ulp apart on many elements
+
+
+def test_nvfp4_dequantize_overflows_where_te_does() -> None:
+    """``s_b * amax`` passes FLT_MAX when amax > FLT_MAX / s_b: the amax's own block has
+    s_b = 448, so any tensor with amax above about 7.6e35. TE's dequantize then gives +-inf
+    for that block's non-zero elements and NaN (0 * inf) for its zeros; the other
+    association stays finite there."""
+    x = wide(16, 64, seed=21)
+    x = x / x.abs().max() * 1e35
+    x[0, :16] = torch.linspace(-1e36, 1e36, 16)
+    x[0, 5] = 0.0
+    q = make("nvfp4", "input").quantize(x)
+    assert q.scale_inv[0, 0].float() == 448
+    want = nvfp4_dequantized(q)
+    got = q.dequantize().numpy()
+    np.testing.assert_array_equal(got, want)
+    values, block = ml_values(q)[0, :16], got[0, :16]
+    assert np.isinf(block[values != 0]).all() and np.isnan(block[values == 0]).all()
+    assert (values != 0).sum() >= 10 and np.isnan(block[5])
+    assert np.isfinite(got[1:]).all()  # blocks whose s_b * amax fits stay finite

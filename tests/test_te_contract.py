@@ -8,7 +8,9 @@ we pass, every name in ``TE_API_NAMED`` exists, the defaults in ``TE_DEFAULTS_AS
 modules register the parameters ``TE_PARAMETER_NAMES`` copies weights into, and the ``Format``
 members exist. A further test checks that the backend's
 modules (``te_contract``, ``te_convert``, ``te_policy``) pass TE no keyword that ``TE_API_USED``
-does not declare, so the contract grows with the backend.
+does not declare, so the contract grows with the backend. Where TE's Python source carries a
+quantizer rule that our own quantizers follow (the NVFP4 reference's Hadamard transform, the
+CuTeDSL ``exp2f_rcp`` of MXFP8), the last section reads the rule and runs ours against it.
 
 A missing cache is a failure telling you to run the fetch script, unless ``TUTORIAL_OFFLINE=1``.
 """
@@ -22,10 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+import ml_dtypes
+import numpy as np
 import pytest
 import te_contract_tables as tables
+import torch
 
 from tutorial_lib.fp8 import te_contract, te_convert, te_policy
+from tutorial_lib.fp8.quantizers import NVFP4Quantizer
+from tutorial_lib.fp8.quantizers.block import e8m0_quantize_multiplier
+from tutorial_lib.fp8.quantizers.fp4 import TE_RHT_SIGNS
 
 ROOT = Path(__file__).resolve().parents[1]
 FETCH_SCRIPT = ROOT / "scripts" / "fetch_te_source.py"
@@ -432,6 +440,80 @@ def test_gpu_needs_are_tes(te_tree: SourceTree, kind: str) -> None:
         assert f">= {need.min_cuda[0]}.{need.min_cuda[1]}" in logic, check
     recipe = te_policy.TE_RECIPE_SHORT_NAMES[kind]
     assert te_tree.resolve(f"transformer_engine.common.recipe.{recipe}") is not None
+
+
+# ---- quantizer rules that TE's Python source carries ---------------------------------------
+# TE's pure-Python NVFP4 quantizer: experimental/ in TE 2.9, custom_recipes/ since.
+_NVFP4_REFERENCES = (
+    "transformer_engine.pytorch.custom_recipes.reference_nvfp4",
+    "transformer_engine.pytorch.experimental.quantization_nvfp4",
+)
+
+
+def _newest_tree() -> SourceTree:
+    """The newest cached TE's source: the version whose rules our quantizers follow."""
+    newest = max(VERSIONS, key=lambda v: tuple(int(p) for p in v.split(".")))
+    return next(t for t in _trees() if t.root.name == newest)
+
+
+def _method(cls: Found, name: str) -> ast.FunctionDef:
+    assert isinstance(cls.node, ast.ClassDef)
+    return next(s for s in cls.node.body if isinstance(s, ast.FunctionDef) and s.name == name)
+
+
+def test_nvfp4_rht_follows_tes_reference(te_tree: SourceTree) -> None:
+    """TE's NVFP4 reference (``NVFP4QuantizerRef._apply_rht``) builds its Hadamard matrix with
+    ``get_wgrad_sign_vector``'s signs *in* ``x.dtype`` and multiplies in it, so a BF16 tensor's
+    transform is rounded to BF16 before its amax and casts (TE's CUDA kernels do the same).
+    Ours: the same signs, and the amax of the BF16-rounded transform."""
+    module = next(m for m in _NVFP4_REFERENCES if te_tree.module(m) is not None)
+    signs_fn = te_tree.lookup(module, "get_wgrad_sign_vector")
+    assert signs_fn is not None, module
+    signs = next(n for n in ast.walk(signs_fn.node) if isinstance(n, ast.List))
+    assert tuple(ast.literal_eval(signs)) == TE_RHT_SIGNS
+    ref = te_tree.lookup(module, "NVFP4QuantizerRef")
+    assert ref is not None, module
+    apply = _method(ref, "_apply_rht")
+    build = next(
+        n
+        for n in ast.walk(apply)
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "self._build_hadamard_matrix"
+    )
+    assert ast.unparse(build.args[2]) == "x.dtype"  # the matrix, hence the product, in x's dtype
+    assert any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) for n in ast.walk(apply))
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randint(-1024, 1025, (16, 32), generator=g) / 64).to(torch.bfloat16)
+    h = np.ones((1, 1))
+    while h.shape[0] < 16:
+        h = np.block([[h, h], [h, -h]])
+    t = np.diag(np.array(ast.literal_eval(signs), dtype=np.float64)) @ h / 4
+    y = x.float().numpy().astype(np.float64).reshape(16, 2, 16) @ t  # exact: few bits
+    y_bf16 = y.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+    q = NVFP4Quantizer(role="grad_output", rht=True).quantize(x)
+    assert q.amax.item() == np.abs(y_bf16).max() != np.abs(y).max()
+
+
+def test_mxfp8_multiplier_is_tes_exp2f_rcp() -> None:
+    """TE 2.20 ships its CuTeDSL MXFP8 kernels as Python (``common/CuTeDSL/utils.py``), with
+    ``exp2f_rcp``: the float32 whose bits are ``(254 - code) << 23``, except the codes its
+    loop lists (255: NaN, 254: the subnormal 2^-127, 0: 2^127), the rule of its CUDA
+    ``ptx.cuh`` since TE 2.13. ``e8m0_quantize_multiplier`` gives the same for all 256 codes."""
+    tree = _newest_tree()
+    found = tree.lookup("transformer_engine.common.CuTeDSL.utils", "exp2f_rcp")
+    assert found is not None, f"TE {tree.root.name} has no CuTeDSL exp2f_rcp"
+    shift = ast.unparse(ast.parse("(Int32(254) - biased_exp) << Int32(FP32_MANTISSA_BITS)"))
+    assert shift in ast.unparse(found.node)
+    mantissa_bits = tree.lookup("transformer_engine.common.CuTeDSL.utils", "FP32_MANTISSA_BITS")
+    assert mantissa_bits is not None and isinstance(mantissa_bits.node, ast.Assign)
+    assert ast.literal_eval(mantissa_bits.node.value) == 23
+    loop = next(n for n in ast.walk(found.node) if isinstance(n, ast.For))
+    special = dict(ast.literal_eval(loop.iter))
+    assert set(special) == {0, 254, 255}
+    bits = [special.get(c, (254 - c) << 23) for c in range(256)]
+    te = np.array(bits, dtype=np.uint32).view(np.float32)
+    ours = e8m0_quantize_multiplier(torch.arange(256, dtype=torch.int32).to(torch.uint8))
+    np.testing.assert_array_equal(ours.numpy(), te)  # NaN where TE has NaN
 
 
 # ---- the backend declares everything it passes ----------------------------------------------

@@ -17,9 +17,9 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from ..formats import FP8Format
+from ..formats import E4M3, FP8Format
 from ..scaling import FLT_MAX, Format
-from .fp4 import decode_e2m1, rht_matrix
+from .fp4 import E2M1_MAX, decode_e2m1, rht_matrix
 
 __all__ = [
     "ROLES",
@@ -36,6 +36,8 @@ __all__ = [
 ]
 
 ROLES = ("input", "weight", "grad_output")  # the three GEMM operands a recipe quantizes
+# NVFP4's decode factor, TE's float32 ``1.0f / (6.0f * 448.0f)``: 1 / (E2M1 max * E4M3 max)
+_NVFP4_DECODE = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(E2M1_MAX * E4M3.max)
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
@@ -56,7 +58,9 @@ class QuantizedTensor:
             scales, ``(rows, ceil(cols/16))``, or ``(ceil(rows/16), ceil(cols/16))`` for 16x16.
         tile: ``(tr, tc)``, the elements one scale covers (per-tensor: the whole matrix).
         tensor_scale_inv: NVFP4 only (else None): the float32 second-level multiplier
-            ``amax * float32(1/2688)`` (2688 = 6 * 448), as TE's NVFP4 dequantize computes it.
+            ``amax * float32(1/2688)`` (2688 = 6 * 448) that the emulated GEMM applies;
+            ``dequantize`` instead forms ``(s_b * amax) * float32(1/2688)`` per tile, as TE's
+            kernel does (``quantizers.nvfp4``, overflow included).
         amax: float32 scalar, ``max|x|`` with NaN skipped (TE's ``fmaxf`` reductions), of the
             tensor as quantized (after the Hadamard transform when ``rht``).
     Bookkeeping:
@@ -97,13 +101,15 @@ class QuantizedTensor:
         return expand_tiles(grid, self.tile, (rows, cols))
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """``value(data) * scale_inv`` per tile (times ``tensor_scale_inv``) in float32, cast to
-        ``dtype`` (default: the input's dtype). An RHT-encoded tensor is transformed back."""
+        """``value(data) * scale_inv`` per tile in float32, cast to ``dtype`` (default: the
+        input's dtype). NVFP4: ``value * ((s_b * amax) * float32(1/2688))``, as TE 2.20's
+        kernel associates it, so ``s_b * amax`` may overflow to inf (``quantizers.nvfp4``).
+        An RHT-encoded tensor is transformed back."""
         q = as_matrix(self.values())
         rows, cols = q.shape
         scale = self.tile_scales()
         if self.tensor_scale_inv is not None:
-            scale = scale * self.tensor_scale_inv
+            scale = (scale * self.amax.to(torch.float32)) * _NVFP4_DECODE.to(scale.device)
         out = q * scale
         if self.rht:
             t = rht_matrix(out.device)

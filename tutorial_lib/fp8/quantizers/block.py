@@ -31,7 +31,14 @@ from .base import (
     tile_amax,
 )
 
-__all__ = ["BlockQuantizer", "MXFP8Quantizer", "BLOCK_LEN", "MXFP8_BLOCK", "float_to_e8m0"]
+__all__ = [
+    "BlockQuantizer",
+    "MXFP8Quantizer",
+    "BLOCK_LEN",
+    "MXFP8_BLOCK",
+    "float_to_e8m0",
+    "e8m0_quantize_multiplier",
+]
 
 BLOCK_LEN = 128  # Float8BlockScaling's tile edge
 MXFP8_BLOCK = 32  # OCP MX block size
@@ -101,8 +108,8 @@ class BlockQuantizer(FP8Quantizer):
 def float_to_e8m0(v: torch.Tensor) -> torch.Tensor:
     """The biased E8M0 exponent (uint8) of the smallest power of two ``>= v`` (``v >= 0``).
 
-    TE's ``float_to_e8m0`` (``common/util/ptx.cuh``; ``cvt.rp.satfinite.ue8m0x2.f32`` on
-    Blackwell), read from the float32 bits of ``v``:
+    TE's ``float_to_e8m0`` (``common/util/ptx_arch_spec.cuh`` in TE 2.20;
+    ``cvt.rp.satfinite.ue8m0x2.f32`` on Blackwell), read from the float32 bits of ``v``:
         a normal ``v`` keeps its exponent field if it is a power of two, else the next one up;
         subnormal ``v``: code 0 (``2^-127``) up to ``2^-127``, else code 1 (``2^-126``);
         ``v = 0`` gives code 0; the result saturates at 254 (``2^127``; inf too);
@@ -117,15 +124,18 @@ def float_to_e8m0(v: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(v), 255, code).to(torch.uint8)
 
 
-def _e8m0_quantize_multiplier(code: torch.Tensor) -> torch.Tensor:
-    """What a block's elements are multiplied by before the cast: ``2^(127 - code)``, exact in
-    float32, except code 0 gives 1 (TE's ``exp2f_rcp``: only an all-zero or all-tiny block
-    has code 0, and its elements then round to zero either way). Code 254, reached only from
-    an inf amax, gives ``2^-127``; TE versions differ there (some form the float bits
-    ``(254 - code) << 23``, i.e. 0, which turns inf into NaN instead of max)."""
+def e8m0_quantize_multiplier(code: torch.Tensor) -> torch.Tensor:
+    """What a block's elements are multiplied by before the cast, as float32: ``2^(127 - code)``
+    for every code from 0 to 254, exact (code 0 gives ``2^127``, code 254 the subnormal
+    ``2^-127``), and NaN for code 255, E8M0's NaN.
+
+    TE's ``exp2f_rcp`` (``common/util/ptx.cuh``) since TE 2.13 (PR #2647), still so in TE 2.20.
+    Before, code 0 gave 1, so a block with a tiny amax (code 0) flushed to zero, and code 254
+    gave 0 (the float bits ``(254 - code) << 23``), so inf became NaN instead of max.
+    """
     e = code.to(torch.int32)
     multiplier = torch.ldexp(torch.ones_like(e, dtype=torch.float32), 127 - e)
-    return torch.where(e == 0, torch.ones_like(multiplier), multiplier)
+    return torch.where(e == 255, torch.full_like(multiplier, float("nan")), multiplier)
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,11 +148,19 @@ class MXFP8Quantizer(FP8Quantizer):
         amax: ``max|block|``, NaN skipped (``fmaxf``);
         code: ``float_to_e8m0(amax * float32(1 / fmt.max))``, the exponent rounded *up*, so
             ``|x| * 2^(127 - code) <= fmt.max``: no element of a finite block saturates;
-        data: ``fmt(x * 2^(127 - code))`` (satfinite, RNE); an all-zero block has code 0 and
-            multiplier 1 (``exp2f_rcp``);
+        data: ``fmt(x * e8m0_quantize_multiplier(code))``, i.e. ``fmt(x * 2^(127 - code))``
+            (satfinite, RNE);
         scale_inv: the code as ``torch.float8_e8m0fnu``; ``value = data * 2^(code - 127)``.
-    A block holding inf gets code 254: inf saturates to max and dequantizes to inf (max times
-    ``2^127`` overflows), its finite elements to about zero.
+    Edge blocks, as TE 2.20 (TE 2.13 on for the cast, ``e8m0_quantize_multiplier``; TE 2.19 on
+    for dequantize, whose ``exp2f`` reads code 0 as ``2^-127`` and 255 as NaN, PR #3262):
+        tiny: ``amax * float32(1/448) <= 2^-127`` (E4M3: amax up to about 2.6e-36) gives
+            code 0, multiplier ``2^127``: the block keeps E4M3's precision (TE <= 2.12
+            flushed it to zero); an all-zero or all-NaN block has code 0 too;
+        inf: code 254 (``float_to_e8m0`` saturates), multiplier ``2^-127``: inf saturates
+            to max and dequantizes to inf (max times ``2^127`` overflows), its finite
+            elements to about zero;
+        NaN: never in the amax, so a NaN element stays NaN (the format's NaN) and its block is
+            scaled as without it; code 255 never arises from a cast.
     """
 
     recipe = "mxfp8"
@@ -155,7 +173,7 @@ class MXFP8Quantizer(FP8Quantizer):
         amax = tile_amax(m, tile)
         rcp = torch.tensor(1.0 / fmt.max, dtype=torch.float32)  # TE's max_norm_rcp, float32
         code = float_to_e8m0(amax * rcp)
-        multiplier = expand_tiles(_e8m0_quantize_multiplier(code), tile, m.shape)
+        multiplier = expand_tiles(e8m0_quantize_multiplier(code), tile, m.shape)
         return self._result(
             x,
             data=quantize(m, fmt, multiplier).reshape(x.shape),

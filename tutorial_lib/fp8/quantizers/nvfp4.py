@@ -14,12 +14,24 @@ reference_nvfp4.py``), in float32:
     s_b      ``e4m3(min(amax_b * (S_enc * float32(1/6)), FLT_MAX))``, RNE, saturating at 448
     enc_b    ``min(1 / (float(s_b) * (1 / S_enc)), FLT_MAX)`` (a zero block: FLT_MAX)
     data     E2M1 of ``clamp(x * enc_b, -6, 6)``: nearest, ties to even (``fp4.e2m1_codes``)
-    decode   ``value * (s_b * tensor_scale_inv)``, ``tensor_scale_inv = amax * float32(1/2688)``
-             (TE's dequantize forms ``(s_b * amax) * (1/2688)``; the last bit may differ)
+    decode   ``value * ((s_b * amax) * float32(1/2688))``, left to right, as TE's dequantize
+             kernel (TE 2.9 to 2.20). ``s_b * amax`` overflows to inf in every block with
+             ``s_b > FLT_MAX / amax``; the block holding the amax has s_b = 448, so this
+             happens as soon as amax > FLT_MAX / 448, about 7.6e35 (float32 or BF16 input).
+             TE then returns +-inf for such a block's non-zero elements and NaN (0 * inf) for
+             its zeros, and so do we; the data and scales themselves are fine. The other
+             association, ``s_b * (amax * float32(1/2688))``, stays finite there and differs
+             by an ulp on many elements. (``tensor_scale_inv = amax * float32(1/2688)`` is the
+             per-tensor factor the emulated GEMM applies after its sums.)
 
 Options (TE's recipe turns them on per tensor; here they are off unless asked for):
     rht: multiply every 16-element block by the 16x16 random Hadamard matrix ``fp4.rht_matrix``
         before quantizing (amax taken after it); ``dequantize`` multiplies by its transpose.
+        The sums are float32; for a BF16 input they are rounded to BF16 before the amax and
+        the casts, as TE does (TE 2.9 to 2.20: ``hadamard_transform.cu`` writes BF16, the
+        fused cast rounds "for bit-wise compatibility", ``reference_nvfp4.py`` multiplies in
+        ``x.dtype``). TE's kernels take BF16 input only; an FP16 input is rounded to FP16, as
+        TE's reference does, and float32 (or float64) input keeps float32.
         TE applies it to the column-wise copy of inputs and gradients (the wgrad GEMM operands),
         never to weights or row-wise copies; needs ``cols % 16 == 0`` and 1x16 blocks.
     stochastic_rounding: round each element to a random neighbour, unbiased (TE does this for
@@ -99,7 +111,9 @@ class NVFP4Quantizer(Quantizer):
     def tile(self) -> tuple[int, int]:
         return (NVFP4_BLOCK, NVFP4_BLOCK) if self.block_2d else (1, NVFP4_BLOCK)
 
-    def _transformed(self, m: torch.Tensor) -> torch.Tensor:
+    def _transformed(self, m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``m`` (float32) with the RHT applied to each 16-element block; for a BF16 or FP16
+        input (``dtype``) the float32 result is rounded to that dtype (module docstring)."""
         if not self.rht:
             return m
         if m.shape[1] % RHT_SIZE:
@@ -108,11 +122,14 @@ class NVFP4Quantizer(Quantizer):
                 f"{m.shape[1]}."
             )
         rows, cols = m.shape
-        return (m.reshape(rows, -1, RHT_SIZE) @ rht_matrix(m.device)).reshape(rows, cols)
+        out = (m.reshape(rows, -1, RHT_SIZE) @ rht_matrix(m.device)).reshape(rows, cols)
+        if dtype in (torch.bfloat16, torch.float16):
+            out = out.to(dtype).to(torch.float32)
+        return out
 
     def quantize(self, x: torch.Tensor) -> QuantizedTensor:
         check_input(x, "NVFP4Quantizer")
-        tile, m = self.tile, self._transformed(as_matrix(x).to(torch.float32))
+        tile, m = self.tile, self._transformed(as_matrix(x).to(torch.float32), x.dtype)
         amax = tensor_amax(m)
         s_enc = global_encode_scale(amax)
         block_amax = tile_amax(m, tile)
