@@ -119,6 +119,7 @@ def test_recipe_mirrors_te_names_and_defaults() -> None:
     names = [f.name for f in dataclasses.fields(r)]
     assert [n for n in names if n in te_fields] == te_fields  # TE's names, in TE's order
     assert sorted(set(names) - set(te_fields)) == [  # TE's Float8CurrentScaling names; TE's
+        "accumulation",  # ours: how the emulation sums (fp8.gemm), keyword-only
         "fp8_gemm_dgrad",  # delayed-scaling behaviour (the fields every Recipe has)
         "fp8_gemm_fprop",
         "fp8_gemm_wgrad",

@@ -18,7 +18,7 @@ from tutorial_lib.config import GPTConfig
 from tutorial_lib.data import TokenData
 from tutorial_lib.fp8 import convert_to_fp8
 from tutorial_lib.fp8.linear import FP8Linear
-from tutorial_lib.fp8.policy import FP8_LOSS_TOLERANCE, make_fp8_policy
+from tutorial_lib.fp8.policy import FP8_LOSS_TOLERANCE, fp8_policy_name, make_fp8_policy
 from tutorial_lib.model import GPT
 from tutorial_lib.precision import get_policy
 from tutorial_lib.train import Trainer
@@ -63,12 +63,14 @@ def test_device_check(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ---- training ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("accumulation", ["exact", "hopper"])
 def test_fp8_trains_close_to_bf16(
-    data: Callable[[], TokenData], short_run: Callable[..., Trainer]
+    data: Callable[[], TokenData], short_run: Callable[..., Trainer], accumulation: str
 ) -> None:
+    """FP8 follows BF16's loss curve with float32 sums and with Hopper's (``fp8.mma``)."""
     torch.manual_seed(0)
     model = GPT(CFG)
-    fp8 = short_run(model, data(), "fp8", 20)
+    fp8 = short_run(model, data(), fp8_policy_name("fp8", accumulation), 20)
     assert sum(isinstance(m, FP8Linear) for m in fp8.model.modules()) == 4 * CFG.n_layer
     fp8_losses = [row["loss"] for row in fp8.train()]
     bf16_losses = [row["loss"] for row in short_run(model, data(), "bf16", 20).train()]

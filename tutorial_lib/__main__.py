@@ -145,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=_learning_rate, help="peak learning rate (default: preset)")
     train.add_argument("--precision", default="fp32", help=f"one of {available_policies()}")
     train.add_argument(
+        "--fp8-accumulation",
+        choices=("exact", "hopper"),
+        help="how an FP8 --precision's emulated GEMMs (on a CPU) are summed: exact (float32, the "
+        "default) or hopper (as an H100's FP8 tensor cores sum them, fp8.mma; several times "
+        "slower); a GPU's FP8 GEMMs sum as its hardware does. Recorded in the checkpoint",
+    )
+    train.add_argument(
         "--data",
         type=Path,
         help="a text file, or a folder: its text files, in sorted order (default: the Python "

@@ -181,6 +181,10 @@ def train(args: argparse.Namespace) -> int:
             f"--out {args.out} is inside --data {args.data}: the run's own files would become "
             "training data. Put --out outside the corpus folder."
         )
+    if args.fp8_accumulation is not None:  # the FP8 policy that sums so (refused for others)
+        from .fp8.policy import fp8_policy_name
+
+        args.precision = fp8_policy_name(args.precision, args.fp8_accumulation)
     folder = RunFolder(args.out)
     if int(os.environ.get("RANK", "0")) == 0:  # before anything is written or trained
         for note in folder.open(resume=args.resume, force=args.force):

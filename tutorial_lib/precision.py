@@ -29,6 +29,7 @@ __all__ = [
     "get_policy",
     "available_policies",
     "POLICIES",
+    "VARIANTS",
     "BF16_LOSS_TOLERANCE",
 ]
 
@@ -101,13 +102,17 @@ class PrecisionPolicy:
 
 
 POLICIES: dict[str, PrecisionPolicy] = {}
+# Variants of listed policies, found by name but not listed by ``available_policies`` (so a table
+# over every precision has each once): the FP8 policies with Hopper's accumulation.
+VARIANTS: dict[str, PrecisionPolicy] = {}
 
 
-def register_policy(policy: PrecisionPolicy) -> PrecisionPolicy:
-    """Add a policy to the registry (later chapters register ``fp8`` and ``te-fp8``)."""
-    if policy.name in POLICIES:
+def register_policy(policy: PrecisionPolicy, *, variant: bool = False) -> PrecisionPolicy:
+    """Add a policy to the registry (later chapters register ``fp8`` and ``te-fp8``), or to
+    ``VARIANTS`` with ``variant=True``."""
+    if policy.name in POLICIES or policy.name in VARIANTS:
         raise ValueError(f"A precision policy named {policy.name!r} is already registered.")
-    POLICIES[policy.name] = policy
+    (VARIANTS if variant else POLICIES)[policy.name] = policy
     return policy
 
 
@@ -117,14 +122,21 @@ _LAZY_POLICIES = (
     ("tutorial_lib.fp8.policy", "register_fp8_policies"),
     ("tutorial_lib.fp8.te_policy", "register_te_policy"),
 )
+# (module, function) that registers a variant (``VARIANTS``) by its name on first use: the FP8
+# policies with Hopper's accumulation (``fp8+hopper-acc``).
+_LAZY_VARIANTS = ("tutorial_lib.fp8.policy", "register_fp8_variant")
 
 
 def _load_lazy_policies(name: str | None = None) -> None:
     """Register the lazily imported policies (the FP8 and TE ones), unless ``name`` is
-    registered already. Each registering function registers its policies once."""
-    if name is None or name not in POLICIES:
+    registered already, then ``name`` if it is a variant of one. Each registering function
+    registers its policies once."""
+    if name is None or (name not in POLICIES and name not in VARIANTS):
         for module, function in _LAZY_POLICIES:
             getattr(importlib.import_module(module), function)()
+    if name is not None and name not in POLICIES and name not in VARIANTS:
+        module, function = _LAZY_VARIANTS
+        getattr(importlib.import_module(module), function)(name)
 
 
 def available_policies() -> list[str]:
@@ -138,7 +150,7 @@ def get_policy(
     """The policy called ``name``; with ``device``, also check that the device can run it."""
     if isinstance(name, str):
         _load_lazy_policies(name)
-    policy = name if isinstance(name, PrecisionPolicy) else POLICIES.get(name)
+    policy = name if isinstance(name, PrecisionPolicy) else POLICIES.get(name, VARIANTS.get(name))
     if policy is None:
         raise ValueError(
             f"Unknown precision policy {name!r}. Available: {', '.join(available_policies())}."

@@ -3,7 +3,8 @@
 Modules: ``formats`` (the formats, ``quantize``/``dequantize``), ``scaling`` (delayed
 scaling's per-module state, the update rule, amax reduction), ``stats``
 (quantization statistics and capture of a model's GEMM operands), ``gemm`` (``scaled_gemm``:
-``torch._scaled_mm`` on FP8 GPUs, ``emulated_gemm``, an FP32 emulation, elsewhere),
+``torch._scaled_mm`` on FP8 GPUs, ``emulated_gemm``, an FP32 emulation, elsewhere), ``mma``
+(``mma_accumulate``: the sums of Hopper's FP8 tensor cores, emulated bit for bit),
 ``linear`` (``FP8Linear``), ``delayed_state`` (its delayed-scaling state and quantizers),
 ``convert`` (``convert_to_fp8``), ``recipes`` (every recipe, by TE's
 names, and where each runs natively), ``quantizers`` (one
@@ -32,6 +33,7 @@ from .ddp import exclude_fp8_from_ddp
 from .formats import E4M3, E5M2, dequantize, quantize
 from .gemm import scaled_gemm
 from .linear import FP8_SHAPE_RULE
+from .mma import mma_accumulate
 from .native import NATIVE
 from .quantizers import get_quantizer
 from .recipes import RECIPE_PRECISIONS, RECIPES, DelayedScaling
@@ -67,6 +69,7 @@ __all__ = [
     "checkpoint",
     # gemm
     "scaled_gemm",
+    "mma_accumulate",
     # linear
     "FP8_SHAPE_RULE",
     "convert_to_fp8",

@@ -25,15 +25,20 @@ Where the GEMMs run (``scaled_gemm``):
                   ``scale_inv``, rounds too, unless the scale is a power of two.) The scales are
                   applied to the accumulated sum, as cuBLASLt does on the GPU (torch's CPU
                   ``_scaled_mm`` scales the operands first); both stay within float32
-                  accumulation rounding of a float64 reference (tested). Hopper's FP8 tensor
-                  cores accumulate in their own way, so GPU and CPU agree to accumulation
-                  rounding, not bit for bit.
-Accumulation (``use_fast_accum``, from the recipe's ``MMParams``: fast = not split):
+                  accumulation rounding of a float64 reference (tested).
+Accumulation (``use_fast_accum``, from the recipe's ``MMParams``: fast = not split; and how the
+emulation sums, the recipe's ``accumulation``; ``emulated_sums`` is where both are applied):
     CUDA          passed to ``torch._scaled_mm(use_fast_accum=...)``, which sets cuBLASLt's
                   ``CUBLASLT_MATMUL_DESC_FAST_ACCUM``. TE's delayed scaling: fast for the forward
-                  GEMM, split (partial sums promoted to float32) for dgrad and wgrad (``DelayedScaling``).
-    emulation     accepted and ignored: the sums are always float32, so fast and split
-                  accumulation give the same result there.
+                  GEMM, split (partial sums promoted to float32) for dgrad and wgrad
+                  (``DelayedScaling``). The tensor cores accumulate as the hardware does, so
+                  ``accumulation`` changes nothing on a GPU, nor in the emulation there.
+    emulation     ``accumulation="exact"`` (the default): float32 sums, so fast and split
+                  accumulation give the same result, and GPU and CPU agree to accumulation
+                  rounding, not bit for bit. ``"hopper"`` (on a CPU): the sums an H100's FP8
+                  tensor cores compute (``fp8.mma``: blocks of 32 products aligned and truncated
+                  to about 14 bits; split accumulation promotes to float32 every 128 elements
+                  of K), fast or split as ``use_fast_accum`` says; much slower.
 """
 
 from __future__ import annotations
@@ -43,7 +48,21 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ScaledMMCall", "emulated_gemm", "scaled_gemm", "scaled_mm_call", "warn_emulated_once"]
+from .mma import PROMOTION, mma_accumulate, mma_block_scaled
+
+__all__ = [
+    "ACCUMULATIONS",
+    "ScaledMMCall",
+    "check_accumulation",
+    "emulated_gemm",
+    "emulated_sums",
+    "scaled_gemm",
+    "scaled_mm_call",
+    "warn_emulated_once",
+]
+
+# How the emulation sums an FP8 GEMM (module docstring): float32, or as Hopper's tensor cores do.
+ACCUMULATIONS = ("exact", "hopper")
 
 
 def scaled_gemm(
@@ -55,17 +74,19 @@ def scaled_gemm(
     out_dtype: torch.dtype = torch.float32,
     emulate: bool = False,
     use_fast_accum: bool = False,
+    accumulation: str = "exact",
 ) -> torch.Tensor:
     """``(a * a_inv) @ (b * b_inv) + bias`` for FP8 ``a`` (M, K), ``b`` (K, N), in ``out_dtype``.
 
     ``a_inv``/``b_inv`` are the scale inverses: 0-d float32, or row-wise ``(M, 1)`` and
     ``(1, N)`` (the emulation broadcasts them the same way). On CUDA: ``torch._scaled_mm``
     (with ``use_fast_accum``) unless ``emulate`` or a dimension is not a multiple of 16;
-    elsewhere the emulation (module docstring), whose speed is that of a float32 matmul on the
-    device at hand and which ignores ``use_fast_accum`` (it always sums in float32).
+    elsewhere the emulation (module docstring), summed as ``accumulation`` says: float32
+    ("exact": a float32 matmul's speed, ``use_fast_accum`` changes nothing) or as Hopper does
+    ("hopper", fast or split as ``use_fast_accum`` says).
     """
     if emulate or not _is_cuda(a):
-        return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
+        return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype, use_fast_accum, accumulation)
     if any(d % 16 for d in (*a.shape, b.shape[1])):  # _scaled_mm's rule on CUDA
         shapes = (tuple(a.shape), tuple(b.shape))
         warn_emulated_once(
@@ -74,7 +95,7 @@ def scaled_gemm(
             "without FP8 speed: torch._scaled_mm needs every dimension to be a multiple of 16. "
             "Choose such sizes (widths, and batch x sequence) to run it on the FP8 tensor cores.",
         )
-        return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype)
+        return emulated_gemm(a, a_inv, b, b_inv, bias, out_dtype, use_fast_accum, accumulation)
     return scaled_mm_call(a, a_inv, b, b_inv, bias, out_dtype, use_fast_accum).run()
 
 
@@ -86,8 +107,9 @@ _WARNED: set[object] = set()
 
 
 def warn_emulated_once(key: object, message: str) -> None:
-    """A RuntimeWarning the first time ``key`` (say, a pair of GEMM shapes) falls back to the
-    emulation on a GPU; silent afterwards."""
+    """A RuntimeWarning the first time ``key`` is met (say, a pair of GEMM shapes that falls back
+    to the emulation on a GPU, or a recipe with no Hopper accumulation to model); silent
+    afterwards."""
     if key in _WARNED:
         return
     _WARNED.add(key)
@@ -163,11 +185,56 @@ def emulated_gemm(
     b_inv: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.float32,
+    use_fast_accum: bool = False,
+    accumulation: str = "exact",
 ) -> torch.Tensor:
-    """The FP8 GEMM without FP8 units, in the GPU's order: exact FP8 products summed in float32,
-    times ``a_inv * b_inv`` (a rounding), plus bias in float32, rounded to ``out_dtype``. It is an
-    emulation, not an exact result: float32 sums, whatever the recipe's accumulation setting.
-    Autocast is switched off inside, so the matmul stays float32 even under BF16 autocast."""
+    """The FP8 GEMM without FP8 units, in the GPU's order: the sums of the exact FP8 products
+    (``emulated_sums``: float32, or Hopper's with ``accumulation="hopper"``), times
+    ``a_inv * b_inv`` (a rounding), plus bias in float32, rounded to ``out_dtype``. Autocast is
+    switched off inside, so the matmul stays float32 even under BF16 autocast."""
     with torch.autocast(a.device.type, enabled=False):
-        out = (a.float() @ b.float()) * (a_inv.float() * b_inv.float())
+        sums = emulated_sums(a, b.t(), use_fast_accum, accumulation)
+        out = sums * (a_inv.float() * b_inv.float())
         return (out if bias is None else out + bias.float()).to(out_dtype)
+
+
+def emulated_sums(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    use_fast_accum: bool = False,
+    accumulation: str = "exact",
+    k_tile_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``a @ b^T`` for FP8 ``a`` (M, K) and ``b`` (N, K) as float32 sums: how every emulated FP8
+    GEMM with FP8 operands accumulates (the block recipe's too), chosen here and nowhere else.
+
+    ``k_tile_scales``: ``(a_scales (M, T), b_scales (N, T))``, one float32 scale per row and
+    128-wide tile of K (the block recipe's), applied inside the sum. ``accumulation``:
+        "exact"   a float32 matmul of the products (of the elements times their tile scales,
+                  exact for power-of-two scales); ``use_fast_accum`` changes nothing.
+        "hopper"  on a CPU, the sums of an H100's tensor cores (``fp8.mma``): one chain over K
+                  if ``use_fast_accum``, else a float32 promotion every 128 elements; with tile
+                  scales, each tile's chain scaled and added in float32. On other devices
+                  "exact": a GPU's native FP8 GEMMs accumulate on its own tensor cores, and its
+                  float32 emulation (``emulate=True``, shapes off the 16-grid) stays float32.
+    """
+    check_accumulation(accumulation, "emulated_sums")
+    if accumulation == "hopper" and a.device.type == "cpu":
+        if k_tile_scales is None:
+            return mma_accumulate(a, b, fast_accum=use_fast_accum)
+        return mma_block_scaled(a, k_tile_scales[0], b, k_tile_scales[1])
+    a_vals, b_vals = a.float(), b.float()
+    if k_tile_scales is not None:
+        k = a.shape[1]
+        a_vals = a_vals * k_tile_scales[0].repeat_interleave(PROMOTION, 1)[:, :k]
+        b_vals = b_vals * k_tile_scales[1].repeat_interleave(PROMOTION, 1)[:, :k]
+    return a_vals @ b_vals.t()
+
+
+def check_accumulation(accumulation: object, who: str) -> None:
+    """A ValueError unless ``accumulation`` is one of ``ACCUMULATIONS``."""
+    if accumulation not in ACCUMULATIONS:
+        raise ValueError(
+            f"{who}: accumulation={accumulation!r}; use 'exact' (float32 sums) or 'hopper' "
+            "(the sums of an H100's FP8 tensor cores, fp8.mma)."
+        )

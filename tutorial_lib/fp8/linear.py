@@ -26,7 +26,8 @@ The GEMMs run in ``linear_function.quantized_matmul``: ``torch._scaled_mm`` on F
 an FP32 emulation (exact FP8 products, float32 sums, scales applied to the sum, so it rounds as a
 float32 GEMM does) everywhere else, never ``_scaled_mm`` on a CPU. Accumulation
 follows the recipe (``DelayedScaling.fp8_gemm_fprop``/``_dgrad``/``_wgrad``, TE's defaults:
-fast accumulation forward, split backward); the emulation always sums in float32.
+fast accumulation forward, split backward); the emulation sums in float32, or as Hopper's tensor
+cores do under the recipe's ``accumulation="hopper"`` (``fp8.gemm.emulated_sums``).
 
 State: the forward/backward scaling state lives in six float32 buffers (``fp8_amax_history_fwd``
 (L, 3), ``fp8_scale_fwd`` (3,), ``fp8_scale_inv_fwd`` (3,) and the ``_bwd`` ones with 2 columns),

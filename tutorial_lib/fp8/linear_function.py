@@ -18,11 +18,13 @@ quantized from the tensor at hand).
 The GEMM is chosen in one place, ``quantized_matmul``:
     per-tensor (delayed, current) and row-wise: ``fp8.gemm.scaled_gemm``: ``torch._scaled_mm``
         on FP8 GPUs (row-wise: an ``(M, 1)`` and a ``(1, N)`` scale), else exact FP8 products
-        summed in float32 and then scaled, as the GPU does.
+        summed (``fp8.gemm.emulated_sums``) and then scaled, as the GPU does.
     block on a GPU: ``fp8.tiled_gemm.block_scaled_mm_call``, torch's blockwise kernel (Hopper),
         which applies the tile scales inside the GEMM; a GEMM it cannot take (off the 16-grid)
-        runs the emulation below, with a warning once.
-    tiled, emulated (block elsewhere, MXFP8, NVFP4 everywhere). Each element times its tile's
+        runs the emulation, with a warning once.
+    block, emulated: ``fp8.gemm.emulated_sums`` with each row's 128-wide K tiles' scales (the
+        arithmetic below; under Hopper's accumulation each tile's sum scaled, ``fp8.mma``).
+    tiled, emulated (block as above, MXFP8, NVFP4 everywhere). Each element times its tile's
         scale is exact in float32 (power-of-two scales: block's default and MXFP8's E8M0;
         NVFP4's E2M1 value times an E4M3 scale has at most 6 significant bits), the products are
         summed in float32, and NVFP4's two per-tensor scales multiply the sum, as the tensor
@@ -31,8 +33,11 @@ The GEMM is chosen in one place, ``quantized_matmul``:
         Hadamard-transformed operands (NVFP4's wgrad) are multiplied as they are: H is
         orthogonal, so the transforms of both sides cancel in the product.
 Whether a recipe may run natively on a device at all is ``native.check_recipe_device``'s call.
-Accumulation follows the recipe (``fp8_gemm_fprop``/``_dgrad``/``_wgrad``); the emulation always
-sums in float32. The bias is added in the activation dtype, as TE does.
+Accumulation follows the recipe: fast or split per GEMM (``fp8_gemm_fprop``/``_dgrad``/
+``_wgrad``), and how the emulation sums (``accumulation``): float32, or on a CPU as Hopper's
+tensor cores do (``fp8.mma``; per-tensor, row-wise and block). MXFP8 and NVFP4 have no Hopper
+tensor-core GEMM to model: under "hopper" their sums stay float32, with a warning once. The bias
+is added in the activation dtype, as TE does.
 """
 
 from __future__ import annotations
@@ -45,9 +50,9 @@ import torch
 
 from . import gemm
 from .delayed_state import DelayedOperands
-from .gemm import scaled_gemm, warn_emulated_once
+from .gemm import emulated_sums, scaled_gemm, warn_emulated_once
 from .quantizers import QuantizedTensor
-from .quantizers.base import as_matrix
+from .quantizers.base import as_matrix, tile_grid
 from .recipes import Recipe
 from .tiled_gemm import block_scaled_mm_call, native_block_problem
 
@@ -68,10 +73,12 @@ def quantized_matmul(
     emulate: bool,
     use_fast_accum: bool = False,
     bias: torch.Tensor | None = None,
+    accumulation: str = "exact",
 ) -> torch.Tensor:
     """``a @ b^T (+ bias)`` for operands quantized along their last (reduced) dimension (module
     docstring for the arithmetic); ``(M, K) x (N, K) -> (M, N)`` in ``out_dtype``, the bias added
-    in float32 before the one rounding to ``out_dtype``, as the delayed-scaling path does."""
+    in float32 before the one rounding to ``out_dtype``, as the delayed-scaling path does.
+    ``accumulation``: how an emulated GEMM sums (``fp8.gemm.emulated_sums``)."""
     if a.rht != b.rht:
         raise ValueError("quantized_matmul: both operands or neither must be RHT-encoded.")
     if a.recipe in _PER_ROW and b.recipe in _PER_ROW:
@@ -79,8 +86,9 @@ def quantized_matmul(
         b_inv = b.scale_inv if b.scale_inv.numel() == 1 else b.scale_inv.reshape(1, -1)
         a_data, b_data = as_matrix(a.data), as_matrix(b.data)
         return scaled_gemm(
-            a_data, a_inv, b_data.t(), b_inv, bias, out_dtype, emulate, use_fast_accum
-        )
+            a_data, a_inv, b_data.t(), b_inv, bias, out_dtype, emulate, use_fast_accum,
+            accumulation,
+        )  # fmt: skip
     if a.recipe == "block" and not emulate and gemm._is_cuda(a.data):
         problem = native_block_problem(a, b)
         if problem is None:
@@ -92,6 +100,17 @@ def quantized_matmul(
             f"emulation, without FP8 speed: {problem}.",
         )
     with torch.autocast(a.data.device.type, enabled=False):
+        if a.recipe == "block":
+            a_data, b_data = as_matrix(a.data), as_matrix(b.data)
+            scales = _k_tile_scales(a), _k_tile_scales(b)
+            out = emulated_sums(a_data, b_data, use_fast_accum, accumulation, scales)
+            return (out if bias is None else out + bias.float()).to(out_dtype)
+        if accumulation == "hopper":
+            warn_emulated_once(
+                ("hopper", a.recipe),
+                f"{a.recipe}: Hopper has no tensor cores for this recipe (sm_100 GPUs run it), "
+                "so there is no Hopper accumulation to model: its GEMMs keep float32 sums.",
+            )
         # element values times their tile scales; NVFP4's per-tensor scales go on the sum, and
         # Hadamard transforms stay (``QuantizedTensor.dequantize`` would undo both)
         a_values, b_values = (as_matrix(q.values()) * q.tile_scales() for q in (a, b))
@@ -99,6 +118,13 @@ def quantized_matmul(
         if a.tensor_scale_inv is not None and b.tensor_scale_inv is not None:
             out = out * (a.tensor_scale_inv * b.tensor_scale_inv)
         return (out if bias is None else out + bias.float()).to(out_dtype)
+
+
+def _k_tile_scales(q: QuantizedTensor) -> torch.Tensor:
+    """A block-scaled operand's float32 scales as (rows, K tiles): each row's 128-wide tiles."""
+    rows, cols = as_matrix(q.data).shape
+    grid = q.scale_inv.to(torch.float32).reshape(tile_grid(rows, cols, q.tile))
+    return grid.repeat_interleave(q.tile[0], dim=0)[:rows]
 
 
 @dataclass(eq=False)
@@ -148,8 +174,8 @@ class FP8LinearFunction(torch.autograd.Function):
             x_q = operands.rowwise("input", x2)
             w_q = operands.rowwise("weight", weight)
             b = None if bias is None else bias.to(out_dtype)
-            fast = recipe.fp8_gemm_fprop.use_fast_accum
-            out = quantized_matmul(x_q, w_q, out_dtype, emulate, fast, b)
+            fast, acc = recipe.fp8_gemm_fprop.use_fast_accum, recipe.accumulation
+            out = quantized_matmul(x_q, w_q, out_dtype, emulate, fast, b, acc)
             # the column-wise copies only where a backward GEMM will use them (not under no_grad)
             need_x, need_w = (backward and n for n in ctx.needs_input_grad[:2])
             x_col = operands.columnwise("input", x2, x_q) if need_w else None
@@ -172,14 +198,14 @@ class FP8LinearFunction(torch.autograd.Function):
             g_q = operands.rowwise("grad_output", g) if need_x else None
             if g_q is not None:
                 assert w_col is not None  # saved by the forward, which knew dgrad would run
-                fast = recipe.fp8_gemm_dgrad.use_fast_accum
-                dgrad = quantized_matmul(g_q, w_col, ctx.out_dtype, ctx.emulate, fast)
+                fast, acc = recipe.fp8_gemm_dgrad.use_fast_accum, recipe.accumulation
+                dgrad = quantized_matmul(g_q, w_col, ctx.out_dtype, ctx.emulate, fast, None, acc)
                 dgrad = dgrad.reshape(ctx.x_shape).to(ctx.x_dtype)
             if need_w:
                 assert x_col is not None
                 g_col = operands.columnwise("grad_output", g, g_q)
-                fast = recipe.fp8_gemm_wgrad.use_fast_accum
-                wgrad = quantized_matmul(g_col, x_col, torch.float32, ctx.emulate, fast)
+                fast, acc = recipe.fp8_gemm_wgrad.use_fast_accum, recipe.accumulation
+                wgrad = quantized_matmul(g_col, x_col, torch.float32, ctx.emulate, fast, None, acc)
                 wgrad = wgrad.to(ctx.w_dtype)
             if need_b and ctx.b_dtype is not None:
                 bgrad = g.float().sum(0).to(ctx.b_dtype)

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..checks import check_int, check_positive_int
+from .gemm import check_accumulation
 from .quantizers import Quantizer, get_quantizer
 from .scaling import AmaxAlgo, Format, MMParams, check_amax_algo
 
@@ -52,8 +53,12 @@ _FAST = MMParams(use_split_accumulator=False)
 
 @dataclass(frozen=True)
 class Recipe:
-    """What every recipe here has: TE's three GEMM accumulation settings, and a quantizer per
-    operand. ``name`` is our short name, ``te_name`` TE's class name ("" if not TE's)."""
+    """What every recipe here has: TE's three GEMM accumulation settings (fast or split), a
+    quantizer per operand, and ours, keyword-only, ``accumulation``: how the emulation sums the
+    GEMMs on a CPU, "exact" (float32) or "hopper" (as an H100's FP8 tensor cores do, ``fp8.mma``;
+    MXFP8 and NVFP4, which Hopper has no units for, keep float32 sums and warn). A GPU's GEMMs
+    accumulate as its hardware does, whatever it says (``fp8.gemm``). ``name`` is our short
+    name, ``te_name`` TE's class name ("" if not TE's)."""
 
     name: ClassVar[str] = ""
     te_name: ClassVar[str] = ""
@@ -61,11 +66,13 @@ class Recipe:
     fp8_gemm_fprop: MMParams = _SPLIT
     fp8_gemm_dgrad: MMParams = _SPLIT
     fp8_gemm_wgrad: MMParams = _SPLIT
+    accumulation: str = dataclasses.field(default="exact", kw_only=True)
 
     def __post_init__(self) -> None:
         for gemm in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
             if not isinstance(getattr(self, gemm), MMParams):
                 raise TypeError(f"{gemm} must be an MMParams, got {getattr(self, gemm)!r}.")
+        check_accumulation(self.accumulation, type(self).__name__)
 
     def quantizer_options(self, role: str, columnwise: bool) -> dict[str, Any]:
         """Keyword options of ``get_quantizer(self.name, role, ...)`` for one copy."""
@@ -120,8 +127,8 @@ class DelayedScaling(Recipe):
         and its modules use ``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True``
         (``pytorch/module/base.py``); the field names and ``MMParams`` are those of TE's
         ``Float8CurrentScaling``, whose defaults are the same. On a GPU they reach
-        ``torch._scaled_mm(use_fast_accum=...)``; the CPU emulation always sums in float32
-        (``fp8.gemm``), so there they change nothing.
+        ``torch._scaled_mm(use_fast_accum=...)``; the CPU emulation follows them with
+        ``accumulation="hopper"`` (with "exact", its float32 sums make them change nothing).
     TE also takes ``scaling_factor_compute_algo`` (a custom amax -> scale function); this
     package always uses the built-in rule (``update_amax_and_scale``).
     """
