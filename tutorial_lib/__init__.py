@@ -28,7 +28,7 @@ from .data import (
 )
 from .hardware import SPECS, describe_device
 from .model import GPT
-from .notebook import setup_chapter
+from .notebook import glue, setup_chapter
 from .precision import get_policy
 from .runs import run_training
 from .train import TrainConfig, Trainer
@@ -51,6 +51,7 @@ __all__ = [
     "describe_device",
     "GPT",
     "setup_chapter",
+    "glue",
     "build_model",
     "get_policy",
     "Trainer",

@@ -12,7 +12,7 @@ which machine, on which day and at which preset a number was taken.
 from __future__ import annotations
 
 from datetime import date
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -56,3 +56,14 @@ def setup_chapter(kind: str = "measured", device: torch.device | str | None = No
     label = f"{what}, {date.today().isoformat()}, preset {preset.name}"
     print(f"hardware: {hw.summary()} | preset: {preset.name} (model {preset.model})")
     return ChapterSetup(preset, dev, hw, label)
+
+
+def glue(name: str, value: Any) -> None:
+    """Give the prose a number this cell computed: myst-nb's ``glue`` (the prose reads it with
+    ``{glue:text}`` where the book is built). Where myst-nb is not installed (a notebook opened
+    without the book's tools), the cell's printed output is where the number shows."""
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return
+    myst_glue(name, value, display=False)

@@ -188,7 +188,7 @@ def emulated_gemm(
     use_fast_accum: bool = False,
     accumulation: str = "exact",
 ) -> torch.Tensor:
-    """The FP8 GEMM without FP8 units, in the GPU's order: the sums of the exact FP8 products
+    """The FP8 GEMM without FP8 units, scaled as cuBLASLt scales: the sums of the exact FP8 products
     (``emulated_sums``: float32, or Hopper's with ``accumulation="hopper"``), times
     ``a_inv * b_inv`` (a rounding), plus bias in float32, rounded to ``out_dtype``. Autocast is
     switched off inside, so the matmul stays float32 even under BF16 autocast."""
