@@ -10,7 +10,7 @@ domain.
 
 ``DOMAIN_MODEL`` is one GPT for all four, 96 layers 18,432 wide with 288 heads of 64 and
 sequences of 18,432 tokens, so that TP 8, 32 and 72 all divide its heads and its sequence (for
-sequence parallelism) and 8 or 16 stages its layers (about 392B parameters, the class of the NTP
+sequence parallelism) and 8 or 16 stages its layers (about 393B parameters, the class of the NTP
 paper's 480B). ``domain_jobs()`` builds one ``TrainingJob`` per cluster (32,768 GPUs, or 36,864
 in whole NVL72 racks), 8 sequences per replica, every scale-up domain with the same NCCL
 assumptions of its generation (``specs``: nccl-tests' ring and NVLS efficiencies); the paper's
@@ -34,7 +34,7 @@ from .specs import BLACKWELL_NCCL, CLUSTERS, ModelSpec, check_config
 __all__ = ["DOMAIN_MODEL", "DOMAIN_SETUPS", "domain_jobs", "domain_comparison"]
 
 DOMAIN_MODEL = ModelSpec(
-    layers=96, hidden=18432, heads=288, vocab=51200, seq=18432, name="392B GPT (288 heads)"
+    layers=96, hidden=18432, heads=288, vocab=51200, seq=18432, name="393B GPT (288 heads)"
 )
 # cluster name: (domains, tp, pp, reduced TP degrees allowed)
 DOMAIN_SETUPS: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
