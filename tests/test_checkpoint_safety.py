@@ -20,6 +20,7 @@ from unittest import mock
 
 import pytest
 import torch
+from cli_runner import ci_preset  # noqa: F401 (the fixture)
 
 from tutorial_lib.__main__ import main
 from tutorial_lib.build import build_model
@@ -39,9 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS, EVERY = 6, 2  # saves at steps 2, 4 and 6; the faults hit the second
 
 
-@pytest.fixture(autouse=True)
-def ci_preset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUTORIAL_PRESET", "ci")
+pytestmark = pytest.mark.usefixtures("ci_preset")
 
 
 def _args(out: Path, data: Path, *extra: str, steps: int = STEPS) -> list[str]:

@@ -10,6 +10,7 @@ from unittest import mock
 
 import pytest
 import torch
+from cli_runner import ci_preset, run_main, train_argv  # noqa: F401 (the fixture)
 
 from tutorial_lib.__main__ import main
 from tutorial_lib.build import build_model
@@ -22,19 +23,10 @@ from tutorial_lib.train import TrainConfig, Trainer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def ci_preset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUTORIAL_PRESET", "ci")
+pytestmark = pytest.mark.usefixtures("ci_preset")
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``main(argv)``'s exit status (argparse's SystemExit included), stdout and stderr."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+_run = run_main
 
 
 # ---- info ----------------------------------------------------------------------------------
@@ -66,24 +58,7 @@ def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
 # ---- train and resume ----------------------------------------------------------------------
 
 
-def _train_args(out: Path, data: Path, steps: int, *extra: str) -> list[str]:
-    return [
-        "train",
-        "--preset",
-        "ci",
-        "--steps",
-        str(steps),
-        "--batch-size",
-        "2",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--device",
-        "cpu",
-        "--no-progress",
-        *extra,
-    ]
+_train_args = train_argv
 
 
 def test_train_then_resume(

@@ -13,36 +13,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import ci_preset, run_main, train_argv  # noqa: F401 (the fixture)
 
 from tutorial_lib import cli
-from tutorial_lib.__main__ import SEED_LIMIT, VOCAB_RANGE, build_parser, main
+from tutorial_lib.__main__ import SEED_LIMIT, VOCAB_RANGE, build_parser
 from tutorial_lib.checkpoint import load_checkpoint
 from tutorial_lib.config import PRESETS
 from tutorial_lib.data import TokenData, load_corpus
 from tutorial_lib.tokenizer import BPETokenizer, pad_vocab
 from tutorial_lib.train import TrainConfig
 
-
-@pytest.fixture(autouse=True)
-def ci_preset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUTORIAL_PRESET", "ci")
+pytestmark = pytest.mark.usefixtures("ci_preset")
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``main(argv)``'s exit status (argparse's SystemExit included), stdout and stderr."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+_run = run_main
 
 
-def _train_args(out: Path, data: Path, steps: int, *extra: str) -> list[str]:
-    return [
-        "train", "--preset", "ci", "--steps", str(steps), "--batch-size", "2", "--data",
-        str(data), "--out", str(out), "--device", "cpu", "--no-progress", *extra,
-    ]  # fmt: skip
+_train_args = train_argv
 
 
 # ---- bad arguments: usage errors (exit status 2) -------------------------------------------
@@ -71,7 +58,7 @@ def test_lr_must_be_positive_and_finite(
     expected = (
         "expected a number such as 3e-4, got 'fast'"
         if lr == "fast"
-        else f"argument --lr: expected a positive, finite learning rate, got {lr}"
+        else f"argument --lr: expected a positive, finite number, got {lr}"
     )
     assert expected in err
 

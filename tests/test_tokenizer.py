@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import train_argv
 
 from tutorial_lib.__main__ import main
 from tutorial_lib.config import PRESETS
@@ -101,11 +102,7 @@ def test_make_data_with_bpe_splits_token_ids(bpe: BPETokenizer) -> None:
     assert train_split_bytes(b"0123456789", 0.2) == b"01234567"
 
 
-def _cli(out: Path, data: Path, steps: int, *extra: str) -> list[str]:
-    return [
-        "train", "--preset", "ci", "--steps", str(steps), "--batch-size", "2", "--data",
-        str(data), "--out", str(out), "--device", "cpu", "--no-progress", *extra,
-    ]  # fmt: skip
+_cli = train_argv
 
 
 def test_cli_trains_with_bpe_and_resumes_with_the_saved_tokenizer(

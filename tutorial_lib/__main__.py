@@ -33,14 +33,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _learning_rate(text: str) -> float:
-    """A peak learning rate: positive and finite (0, inf and nan would train nothing)."""
+def _positive_number(text: str) -> float:
+    """A learning rate or a number of seconds: positive and finite (0, inf and nan are not)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number such as 3e-4, got {text!r}") from None
     if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive, finite learning rate, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number, got {text}")
     return value
 
 
@@ -107,17 +107,6 @@ def _device(text: str) -> str:
     return text
 
 
-def _positive_float(text: str) -> float:
-    """A number of seconds: positive and finite (nan and inf are not)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tutorial_lib",
@@ -142,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=_positive_int, help="total optimizer steps")
     train.add_argument("--batch-size", type=_positive_int, help="sequences per micro-batch")
     train.add_argument("--grad-accum", type=_positive_int, default=1)
-    train.add_argument("--lr", type=_learning_rate, help="peak learning rate (default: preset)")
+    train.add_argument("--lr", type=_positive_number, help="peak learning rate (default: preset)")
     train.add_argument("--precision", default="fp32", help=f"one of {available_policies()}")
     train.add_argument(
         "--fp8-accumulation",
@@ -229,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--dist-timeout",
-        type=_positive_float,
+        type=_positive_number,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help="under torchrun: a collective that waits this long fails (on gloo the error names "
@@ -252,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=_positive_int, help="steps per rung (default: preset)")
     bench.add_argument("--batch-size", type=_positive_int, help="sequences per step")
     bench.add_argument(
-        "--lr", type=_learning_rate, help="learning rate (default: min(preset, 1e-3))"
+        "--lr", type=_positive_number, help="learning rate (default: min(preset, 1e-3))"
     )
     bench.add_argument("--device", type=_device, help="cpu or cuda (default: cuda if available)")
     bench.add_argument("--out", type=Path, default=Path(DEFAULT_DIR), help="results folder")
