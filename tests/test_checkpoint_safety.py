@@ -295,6 +295,8 @@ def test_a_new_run_over_a_checkpoint_is_refused_and_force_starts_again(
     assert (out / "previous" / "checkpoint.pt").read_bytes() == before  # kept, aside
     code, stdout, err = _run(_args(out, corpus_file, "--resume", steps=3), capsys, "sharded")
     assert code == 0 and f"resumed from {out / 'checkpoint'} at step 2" in stdout, err
+    code, _, err = _run(_args(out, corpus_file, "--resume", "--force"), capsys)
+    assert code == 1 and "error: --force starts a new run" in err and "choose one" in err
 
 
 def test_one_run_per_folder_and_a_stale_lock_is_replaced(

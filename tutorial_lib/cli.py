@@ -181,6 +181,11 @@ def train(args: argparse.Namespace) -> int:
             f"--out {args.out} is inside --data {args.data}: the run's own files would become "
             "training data. Put --out outside the corpus folder."
         )
+    if args.force and args.resume:
+        raise ValueError(
+            "--force starts a new run (the earlier one moves to OUT/previous/) and --resume "
+            "continues the earlier one: choose one of them."
+        )
     if args.fp8_accumulation is not None:  # the FP8 policy that sums so (refused for others)
         from .fp8.policy import fp8_policy_name
 
