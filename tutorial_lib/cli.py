@@ -323,6 +323,6 @@ def _tokenizer(
             learned += f" of the {vocab} asked (the corpus has no more pairs seen twice)"
         print(
             f"tokenizer: byte-level BPE, {learned}; the model gets "
-            f"{tokenizer.padded_vocab_size} rows; saved as {saved}"
+            f"{tokenizer.padded_vocab_size} rows; saved as {saved} once the run starts"
         )
     return tokenizer, tokenizer

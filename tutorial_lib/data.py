@@ -168,6 +168,7 @@ class TokenData:
                     f"{self.block_size}. Use a larger corpus, a smaller block_size, or a "
                     "different val_fraction."
                 )
+        self._tokens_digest: str | None = None  # (fingerprint)
         self._gens = {
             "train": torch.Generator().manual_seed(self.seed),
             "val": torch.Generator().manual_seed(self.seed + 1),
@@ -203,12 +204,14 @@ class TokenData:
     def fingerprint(self) -> dict[str, str]:
         """What a checkpoint records of the data it was trained on: the tokenizer's digest and
         the SHA-256 of both token streams (another corpus, or the same one tokenized by another
-        tokenizer, changes it)."""
-        digest = hashlib.sha256()
-        for split in (self.train, self.val):
-            digest.update(f"{split.dtype}{len(split)}:".encode())
-            digest.update(split.contiguous().view(torch.uint8).numpy().data)
-        return {"tokenizer": self.tokenizer, "tokens": digest.hexdigest()}
+        tokenizer, changes it). Hashed once: every checkpoint records it."""
+        if self._tokens_digest is None:
+            digest = hashlib.sha256()
+            for split in (self.train, self.val):
+                digest.update(f"{split.dtype}{len(split)}:".encode())
+                digest.update(split.contiguous().view(torch.uint8).numpy().data)
+            self._tokens_digest = digest.hexdigest()
+        return {"tokenizer": self.tokenizer, "tokens": self._tokens_digest}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Sampler RNG state, so a resumed run draws the same batches."""
